@@ -1,0 +1,32 @@
+"""lazyggml: a GGML-compatible lazy tensor runtime for Python, with kernels compiled by Numba.
+
+The low-level API mirrors ``ggml.h``, ``ggml-alloc.h`` and ``ggml-backend.h``: the same names in
+snake_case without the ``ggml_`` prefix, the same argument order and semantics.
+
+    import lazyggml as lg
+    ctx = lg.Context()
+    a = ctx.new_tensor_2d(lg.F32, 4, 3)
+    b = lg.relu(lg.scale(a, 2.0))
+    g = lg.Graph(); lg.build_forward_expand(g, b)
+"""
+from .types import Type, QK_K, blck_size, type_size, row_size, is_quantized, type_name
+from .tensor import (Tensor, Context, MAX_DIMS, MAX_SRC, FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM,
+                     FLAG_LOSS, FLAG_COMPUTE, set_input, set_output, set_param, set_loss, set_name,
+                     get_name)
+from .ops import *  # noqa: F401,F403 - every op constructor, named as GGML's
+from .ops import Op, UnaryOp, GluOp, ROPE_TYPE_NORMAL, ROPE_TYPE_NEOX, op_desc, is_view_op, op_can_inplace
+from .graph import Graph, build_forward_expand, build_forward_select, graph_view
+from .backend import (BufferType, Buffer, MultiBuffer, Device, Backend, Registry, BufferUsage, DeviceType,
+                      Status, tensor_set, tensor_get, tensor_get_bytes, tensor_memset, tensor_copy,
+                      tensor_copy_async, tensor_set_async, tensor_alloc, view_init, backend_graph_compute,
+                      buft_alloc_buffer, event_new, event_synchronize, register_backend, reg_count,
+                      reg_get, reg_by_name, dev_count, dev_get, dev_by_name, dev_by_type,
+                      backend_init_by_name, backend_init_by_type, backend_init_best)
+from .backends.cpu import set_n_threads, backend_cpu_init
+
+F32, F16, BF16, F64 = Type.F32, Type.F16, Type.BF16, Type.F64
+I8, I16, I32, I64 = Type.I8, Type.I16, Type.I32, Type.I64
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q8_1
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K
+
+__version__ = "0.1.0"

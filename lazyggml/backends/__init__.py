@@ -1,0 +1,1 @@
+"""Backends: ``cpu`` always, ``opencl`` through pyopencl, ``cuda`` through numba-cuda."""

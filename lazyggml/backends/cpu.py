@@ -1,0 +1,124 @@
+"""The CPU backend: host buffers backed by NumPy, and a ``graph_compute`` that runs Numba kernels.
+
+Memory: a CPU buffer is one ``uint8`` array; a tensor is a strided NumPy view at its offset
+(``backend.host_view``), so kernels see ordinary arrays and never allocate.
+
+Compute: nodes run in order; empty ops (NONE and the four view ops), nodes without the COMPUTE
+flag (unselected branches of ``build_forward_select``) and empty tensors are skipped, as in GGML.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+import numba
+
+from ..backend import Backend, BufferType, Device, DeviceType, Registry, Status, host_view
+from ..ops import EMPTY_OPS, op_desc
+from ..tensor import FLAG_COMPUTE
+from ..kernels.cpu import FORWARD
+
+# every module that registers CPU kernels (import order does not matter)
+_KERNEL_MODULES = ("elementwise", "reduce", "norm", "softmax", "rope", "rows", "copy", "matmul")
+
+for _m in _KERNEL_MODULES:
+    try:
+        importlib.import_module(f"..kernels.cpu.{_m}", __package__)
+    except ModuleNotFoundError as e:  # a kernel family still being written
+        if e.name != f"lazyggml.kernels.cpu.{_m}":
+            raise
+
+
+class CPUBufferType(BufferType):
+    def __init__(self, device=None):
+        super().__init__("CPU", device, alignment=32, host=True)
+
+
+class CPUDevice(Device):
+    def __init__(self):
+        super().__init__("CPU", _cpu_description(), DeviceType.CPU)
+        self._buft = CPUBufferType(self)
+
+    def memory(self):
+        try:
+            pages, size = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+            return pages * size, os.sysconf("SC_PHYS_PAGES") * size
+        except (ValueError, OSError):
+            return (0, 0)
+
+    def get_buffer_type(self):
+        return self._buft
+
+    def supports_buft(self, buft):
+        return buft.is_host()
+
+    def supports_op(self, t):
+        if t.op in EMPTY_OPS:
+            return True
+        entry = FORWARD.get(t.op)
+        return entry is not None and entry[1](t)
+
+    def init_backend(self):
+        return CPUBackend(self)
+
+
+class CPUBackend(Backend):
+    def __init__(self, device, n_threads=None):
+        super().__init__(device)
+        self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS
+
+    def graph_compute(self, g):
+        numba.set_num_threads(self.n_threads)
+        for node in g.nodes:
+            if node.op in EMPTY_OPS or not node.flags & FLAG_COMPUTE or node.nelements() == 0:
+                continue
+            entry = FORWARD.get(node.op)
+            if entry is None or not entry[1](node):
+                raise ValueError(f"CPU backend: {op_desc(node)} is not supported for '{node.name}' "
+                                 f"({', '.join(repr(s) for s in node.src if s is not None)})")
+            srcs = [None if s is None else host_view(s) for s in node.src]
+            entry[0](node, host_view(node), srcs)
+        return Status.SUCCESS
+
+
+def set_n_threads(backend, n):
+    """GGML's ``ggml_backend_cpu_set_n_threads``; capped at Numba's thread pool size."""
+    if not isinstance(backend, CPUBackend):
+        raise ValueError(f"set_n_threads: {backend.name} is not a CPU backend")
+    if n < 1:
+        raise ValueError(f"set_n_threads: need at least one thread, got {n}")
+    backend.n_threads = min(int(n), numba.config.NUMBA_NUM_THREADS)
+
+
+def _cpu_description():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU"
+
+
+_device = None
+
+
+def cpu_device():
+    global _device
+    if _device is None:
+        _device = CPUDevice()
+    return _device
+
+
+def cpu_buffer_type():
+    return cpu_device().get_buffer_type()
+
+
+def registry():
+    dev = cpu_device()
+    return dev.reg or Registry("CPU", [dev])
+
+
+def backend_cpu_init():
+    return cpu_device().init_backend()

@@ -1,0 +1,158 @@
+"""Compute graphs: GGML's post-order DFS, use counts and the COMPUTE flag (spec §2).
+
+``build_forward_expand(g, t)`` walks ``t``'s sources depth first, in source-slot order, and
+appends each tensor after its sources: leafs (op NONE, not PARAM) to ``g.leafs``, everything
+else to ``g.nodes``. The node order is the execution order. Identity, not name, decides whether
+a tensor was seen before.
+"""
+from __future__ import annotations
+
+from .ops import Op, op_desc
+from .tensor import FLAG_COMPUTE, FLAG_PARAM, MAX_SRC
+from .types import type_name
+
+
+class Graph:
+    """GGML's ``cgraph``: ``size`` bounds both the nodes and the leafs."""
+
+    def __init__(self, size=2048):
+        if size < 1:
+            raise ValueError(f"Graph: size must be positive, got {size}")
+        self.size = size
+        self.nodes = []
+        self.leafs = []
+        self._use = {}       # tensor -> consumer slots (GGML's use_counts, keyed by identity)
+        self._visited = self._use  # a tensor is visited exactly when it has a use count
+        self.right_to_left = False
+        self.uid = 0
+
+    @property
+    def n_nodes(self):
+        return len(self.nodes)
+
+    @property
+    def n_leafs(self):
+        return len(self.leafs)
+
+    def use_count(self, t):
+        return self._use.get(t, 0)
+
+    def node(self, i):
+        """GGML's ``ggml_graph_node``: a negative ``i`` counts from the end."""
+        return self.nodes[i]
+
+    def get_tensor(self, name):
+        for t in self.leafs + self.nodes:
+            if t.name == name:
+                return t
+        return None
+
+    def __contains__(self, t):
+        return t in self._visited
+
+    def clear(self):
+        self.nodes.clear()
+        self.leafs.clear()
+        self._use.clear()
+
+    def view(self, i0, i1):
+        """GGML's ``graph_view``: nodes ``[i0, i1)``, no leafs, shared use counts."""
+        g = Graph.__new__(Graph)
+        g.size, g.nodes, g.leafs = i1 - i0, self.nodes[i0:i1], []
+        g._use = g._visited = self._use
+        g.right_to_left, g.uid = self.right_to_left, self.uid
+        return g
+
+    def add_node(self, t):
+        """Append without visiting (GGML's ``ggml_graph_add_node``)."""
+        if len(self.nodes) >= self.size:
+            raise ValueError(f"graph is full: {self.size} nodes")
+        self.nodes.append(t)
+
+    # -- the DFS ----------------------------------------------------------------------------------
+    def _visit(self, node, compute):
+        # GGML recurses; deep graphs would overflow Python's stack, so each visit is a generator
+        # that yields the child visits it wants, driven here in the same order.
+        stack = [self._visit_steps(node, compute)]
+        while stack:
+            child = next(stack[-1], None)
+            if child is None:
+                stack.pop()
+            else:
+                stack.append(self._visit_steps(*child))
+
+    def _visit_steps(self, node, compute):
+        if compute and node.op != Op.NONE:
+            node.flags |= FLAG_COMPUTE
+        if node in self._visited:
+            if compute:  # a later selected branch: propagate COMPUTE, add nothing
+                for s in node.src:
+                    if s is not None and not s.flags & FLAG_COMPUTE:
+                        yield s, True
+            return
+        self._use[node] = 0
+        slots = range(MAX_SRC - 1, -1, -1) if self.right_to_left else range(MAX_SRC)
+        for k in slots:
+            s = node.src[k]
+            if s is not None:
+                yield s, compute
+                self._use[s] += 1
+        if node.op == Op.NONE and not node.flags & FLAG_PARAM:
+            if len(self.leafs) >= self.size:
+                raise ValueError(f"graph is full: {self.size} leafs")
+            if not node.name:
+                node.name = f"leaf_{len(self.leafs)}"
+            self.leafs.append(node)
+        else:
+            if len(self.nodes) >= self.size:
+                raise ValueError(f"graph is full: {self.size} nodes")
+            if not node.name:
+                node.name = f"node_{len(self.nodes)}"
+            self.nodes.append(node)
+
+    def build_forward_expand(self, t):
+        n0 = len(self.nodes)
+        self._visit(t, True)
+        assert len(self.nodes) == n0 or self.nodes[-1] is t, "the last node appended must be the tensor"
+
+    # -- display ----------------------------------------------------------------------------------
+    def print(self, file=None):
+        """GGML's ``ggml_graph_print`` layout, with names and types added; returns the text."""
+        lines = ["=== GRAPH ===", f"n_nodes = {self.n_nodes}"]
+        for i, t in enumerate(self.nodes):
+            flag = "x" if t.flags & FLAG_PARAM else " "
+            lines.append(f" - {i:3d}: [ {t.ne[0]:5d}, {t.ne[1]:5d}, {t.ne[2]:5d}] {op_desc(t):>16s} {flag}"
+                         f" {type_name(t.type):>5s} {t.name}")
+        lines.append(f"n_leafs = {self.n_leafs}")
+        for i, t in enumerate(self.leafs):
+            lines.append(f" - {i:3d}: [ {t.ne[0]:5d}, {t.ne[1]:5d}] {op_desc(t):>8s} {t.name:>16s}"
+                         f" {type_name(t.type)}")
+        lines.append("=" * 40)
+        text = "\n".join(lines)
+        print(text, file=file)
+        return text
+
+    def to_dot(self, path=None, sched=None):
+        """Graphviz text of the graph; with a scheduler, nodes are coloured by backend and its
+        splits drawn as boxes. Writes ``path`` when given and returns the text."""
+        from .dot import graph_to_dot
+        text = graph_to_dot(self, sched)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+
+def build_forward_expand(g, t):
+    g.build_forward_expand(t)
+
+
+def build_forward_select(g, tensors, idx):
+    """Expand every tensor but mark COMPUTE only along ``tensors[idx]`` (spec §2.3)."""
+    for i, t in enumerate(tensors):
+        g._visit(t, i == idx)
+    return tensors[idx]
+
+
+def graph_view(g, i0, i1):
+    return g.view(i0, i1)

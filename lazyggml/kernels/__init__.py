@@ -1,0 +1,1 @@
+"""Kernels, one package per backend: ``cpu`` (Numba @njit), ``cuda`` (@cuda.jit), ``opencl`` (.cl)."""

@@ -1,0 +1,824 @@
+"""Every op, declared once: its enum value, its shape rule and its ``op_params`` (GGML's ggml.c).
+
+Constructors build lazy tensors: they check shapes and types where GGML asserts, raising
+``ValueError`` with the op and the shapes, and record ``op``, ``src`` and ``op_params``. They
+compute nothing; each backend registers its own kernel per op.
+
+GGML's pattern is kept: a constructor that can run in place is an ``_impl(..., inplace)`` with
+two thin wrappers, ``op`` (a fresh result) and ``op_inplace`` (a view of the first operand).
+``op_params`` is a tuple in GGML's order (floats stay floats).
+"""
+from __future__ import annotations
+
+import enum
+
+from .tensor import Tensor, current_context, MAX_DIMS
+from .types import Type, type_name, type_size
+
+
+class Op(enum.IntEnum):
+    NONE = 0
+    DUP = enum.auto()
+    ADD = enum.auto()
+    ADD_ID = enum.auto()
+    ADD1 = enum.auto()
+    ACC = enum.auto()
+    SUB = enum.auto()
+    MUL = enum.auto()
+    DIV = enum.auto()
+    SQR = enum.auto()
+    SQRT = enum.auto()
+    LOG = enum.auto()
+    SIN = enum.auto()
+    COS = enum.auto()
+    SUM = enum.auto()
+    SUM_ROWS = enum.auto()
+    MEAN = enum.auto()
+    ARGMAX = enum.auto()
+    REPEAT = enum.auto()
+    CONCAT = enum.auto()
+    SILU_BACK = enum.auto()
+    NORM = enum.auto()
+    RMS_NORM = enum.auto()
+    RMS_NORM_BACK = enum.auto()
+    MUL_MAT = enum.auto()
+    MUL_MAT_ID = enum.auto()
+    SCALE = enum.auto()
+    SET = enum.auto()
+    CPY = enum.auto()
+    CONT = enum.auto()
+    RESHAPE = enum.auto()
+    VIEW = enum.auto()
+    PERMUTE = enum.auto()
+    TRANSPOSE = enum.auto()
+    GET_ROWS = enum.auto()
+    SET_ROWS = enum.auto()
+    DIAG_MASK_INF = enum.auto()
+    DIAG_MASK_ZERO = enum.auto()
+    SOFT_MAX = enum.auto()
+    SOFT_MAX_BACK = enum.auto()
+    ROPE = enum.auto()
+    ROPE_BACK = enum.auto()
+    CLAMP = enum.auto()
+    PAD = enum.auto()
+    FLASH_ATTN_EXT = enum.auto()
+    UNARY = enum.auto()
+    GLU = enum.auto()
+    FILL = enum.auto()
+
+
+class UnaryOp(enum.IntEnum):
+    ABS = 0
+    SGN = enum.auto()
+    NEG = enum.auto()
+    STEP = enum.auto()
+    TANH = enum.auto()
+    ELU = enum.auto()
+    RELU = enum.auto()
+    SIGMOID = enum.auto()
+    GELU = enum.auto()
+    GELU_QUICK = enum.auto()
+    SILU = enum.auto()
+    HARDSWISH = enum.auto()
+    HARDSIGMOID = enum.auto()
+    EXP = enum.auto()
+    GELU_ERF = enum.auto()
+
+
+class GluOp(enum.IntEnum):
+    REGLU = 0
+    GEGLU = enum.auto()
+    SWIGLU = enum.auto()
+
+
+# rope modes (GGML_ROPE_TYPE_*)
+ROPE_TYPE_NORMAL = 0
+ROPE_TYPE_NEOX = 2
+
+OP_SYMBOL = {
+    Op.NONE: "none", Op.DUP: "x", Op.ADD: "x+y", Op.ADD1: "x+y", Op.SUB: "x-y", Op.MUL: "x*y",
+    Op.DIV: "x/y", Op.SQR: "x^2", Op.SQRT: "√x", Op.LOG: "log(x)", Op.SIN: "sin(x)",
+    Op.COS: "cos(x)", Op.SUM: "Σx", Op.SUM_ROWS: "Σx_k", Op.MEAN: "Σx/n", Op.ARGMAX: "argmax(x)",
+    Op.REPEAT: "repeat(x)", Op.CONCAT: "concat(x, y)", Op.NORM: "norm(x)",
+    Op.RMS_NORM: "rms_norm(x)", Op.MUL_MAT: "X*Y", Op.SCALE: "x*v", Op.CPY: "x-\\>y",
+    Op.CONT: "cont(x)", Op.RESHAPE: "reshape(x)", Op.VIEW: "view(x)", Op.PERMUTE: "permute(x)",
+    Op.TRANSPOSE: "transpose(x)", Op.GET_ROWS: "get_rows(x)", Op.SET_ROWS: "set_rows(x)",
+    Op.DIAG_MASK_INF: "diag_mask_inf(x)", Op.SOFT_MAX: "soft_max(x)", Op.ROPE: "rope(x)",
+    Op.CLAMP: "clamp(x)", Op.PAD: "pad(x)", Op.UNARY: "unary(x)", Op.GLU: "glu(x)",
+}
+
+# The scheduler's view ops (ggml_is_view_op) and the CPU backend's no-op list (ggml_op_is_empty).
+VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})
+EMPTY_OPS = VIEW_OPS | {Op.NONE}
+
+# Ops whose result may take over the memory of a source (ggml_op_can_inplace), spec §3.
+INPLACE_OPS = frozenset({
+    Op.FILL, Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD_ID, Op.ADD1, Op.SUB,
+    Op.MUL, Op.DIV, Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.ROPE_BACK, Op.SILU_BACK,
+    Op.RMS_NORM, Op.RMS_NORM_BACK, Op.SOFT_MAX, Op.SOFT_MAX_BACK,
+})
+
+
+def is_view_op(op):
+    return op in VIEW_OPS
+
+
+def op_can_inplace(op):
+    return op in INPLACE_OPS
+
+
+def op_desc(t):
+    """GGML's ``ggml_op_desc``: the sub-op name for UNARY and GLU, else the op name."""
+    if t.op == Op.UNARY:
+        return UnaryOp(t.op_params[0]).name
+    if t.op == Op.GLU:
+        return GluOp(t.op_params[0]).name
+    return t.op.name
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _ctx(ctx, a):
+    """Where a result goes: ``ctx=``, else the innermost ``with ctx:``, else the operand's."""
+    return ctx or current_context() or a.ctx
+
+
+def _need(name, *tensors):
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name}: expected a Tensor, got {type(t).__name__}")
+
+
+def _shapes(*ts):
+    return ", ".join(f"{type_name(t.type)}{list(t.ne)}" for t in ts)
+
+
+def _fail(name, why, *ts):
+    raise ValueError(f"{name}: {why} ({_shapes(*ts)})")
+
+
+def _result(ctx, a, inplace):
+    """GGML's ``inplace ? ggml_view_tensor(a) : ggml_dup_tensor(a)``."""
+    return ctx.view_tensor(a) if inplace else ctx.dup_tensor(a)
+
+
+def _set(t, op, srcs, params=()):
+    t.op = op
+    for i, s in enumerate(srcs):
+        t.src[i] = s
+    t.op_params = tuple(params)
+    return t
+
+
+def can_repeat(t0, t1):
+    """``t0`` can be tiled to ``t1``'s shape (GGML's ``ggml_can_repeat``)."""
+    return t0.nelements() == 0 or all(t0.ne[i] and t1.ne[i] % t0.ne[i] == 0 for i in range(MAX_DIMS))
+
+
+def are_same_shape(a, b):
+    return a.ne == b.ne
+
+
+def _is_padded_1d(t):
+    return t.nb[0] == type_size(t.type) and t.nb[2] == t.nb[1] * t.ne[1] and t.nb[3] == t.nb[2] * t.ne[2]
+
+
+def _float(name, *ts):
+    for t in ts:
+        if t.type not in (Type.F32, Type.F16, Type.BF16):
+            _fail(name, f"{type_name(t.type)} is not a float type", *ts)
+
+
+# -- copies ----------------------------------------------------------------------------------------
+def _dup_impl(a, inplace, ctx):
+    _need("dup", a)
+    return _set(_result(_ctx(ctx, a), a, inplace), Op.DUP, [a])
+
+
+def dup(a, *, ctx=None):
+    return _dup_impl(a, False, ctx)
+
+
+def dup_inplace(a, *, ctx=None):
+    return _dup_impl(a, True, ctx)
+
+
+def cpy(a, b, *, ctx=None):
+    """Copy ``a`` into ``b`` (converting the type); the result is a view of ``b``."""
+    _need("cpy", a, b)
+    if a.nelements() != b.nelements():
+        _fail("cpy", "element counts differ", a, b)
+    r = _ctx(ctx, a).view_tensor(b)
+    r.name = f"{b.name} (copy of {a.name})" if b.name else f"{a.name} (copy)"
+    return _set(r, Op.CPY, [a, b])
+
+
+def cont(a, *, ctx=None):
+    _need("cont", a)
+    r = _ctx(ctx, a).dup_tensor(a)
+    r.name = f"{a.name} (cont)"
+    return _set(r, Op.CONT, [a])
+
+
+def cont_4d(a, ne0, ne1=1, ne2=1, ne3=1, *, ctx=None):
+    _need("cont", a)
+    if a.nelements() != ne0 * ne1 * ne2 * ne3:
+        _fail("cont", f"cannot make {[ne0, ne1, ne2, ne3]} from {a.nelements()} elements", a)
+    r = _ctx(ctx, a).new_tensor(a.type, (ne0, ne1, ne2, ne3))
+    r.name = f"{a.name} (cont)"
+    return _set(r, Op.CONT, [a])
+
+
+def cont_1d(a, ne0, *, ctx=None):
+    return cont_4d(a, ne0, ctx=ctx)
+
+
+def cont_2d(a, ne0, ne1, *, ctx=None):
+    return cont_4d(a, ne0, ne1, ctx=ctx)
+
+
+def cont_3d(a, ne0, ne1, ne2, *, ctx=None):
+    return cont_4d(a, ne0, ne1, ne2, ctx=ctx)
+
+
+# -- element-wise binary ops (b is tiled over a: GGML's "repeat" broadcasting) -----------------------
+def _binary_impl(name, op, a, b, inplace, ctx):
+    _need(name, a, b)
+    if not can_repeat(b, a):
+        _fail(name, "b cannot be broadcast to a (each a.ne[i] must be a multiple of b.ne[i])", a, b)
+    return _set(_result(_ctx(ctx, a), a, inplace), op, [a, b])
+
+
+def add(a, b, *, ctx=None):
+    return _binary_impl("add", Op.ADD, a, b, False, ctx)
+
+
+def add_inplace(a, b, *, ctx=None):
+    return _binary_impl("add", Op.ADD, a, b, True, ctx)
+
+
+def sub(a, b, *, ctx=None):
+    return _binary_impl("sub", Op.SUB, a, b, False, ctx)
+
+
+def sub_inplace(a, b, *, ctx=None):
+    return _binary_impl("sub", Op.SUB, a, b, True, ctx)
+
+
+def mul(a, b, *, ctx=None):
+    return _binary_impl("mul", Op.MUL, a, b, False, ctx)
+
+
+def mul_inplace(a, b, *, ctx=None):
+    return _binary_impl("mul", Op.MUL, a, b, True, ctx)
+
+
+def div(a, b, *, ctx=None):
+    return _binary_impl("div", Op.DIV, a, b, False, ctx)
+
+
+def div_inplace(a, b, *, ctx=None):
+    return _binary_impl("div", Op.DIV, a, b, True, ctx)
+
+
+def _add1_impl(a, b, inplace, ctx):
+    _need("add1", a, b)
+    if not b.is_scalar():
+        _fail("add1", "b must be a scalar", a, b)
+    if not _is_padded_1d(a):
+        _fail("add1", "a must be padded 1-d (rows packed above dim 1)", a, b)
+    return _set(_result(_ctx(ctx, a), a, inplace), Op.ADD1, [a, b])
+
+
+def add1(a, b, *, ctx=None):
+    return _add1_impl(a, b, False, ctx)
+
+
+def add1_inplace(a, b, *, ctx=None):
+    return _add1_impl(a, b, True, ctx)
+
+
+def repeat(a, b, *, ctx=None):
+    """Tile ``a`` to ``b``'s shape."""
+    _need("repeat", a, b)
+    if not can_repeat(a, b):
+        _fail("repeat", "a cannot be tiled to b's shape", a, b)
+    return _set(_ctx(ctx, a).new_tensor(a.type, b.ne), Op.REPEAT, [a])
+
+
+def concat(a, b, dim, *, ctx=None):
+    _need("concat", a, b)
+    if a.type != b.type:
+        _fail("concat", "types differ", a, b)
+    if not 0 <= dim < MAX_DIMS:
+        _fail("concat", f"dim {dim} is not in 0..3", a, b)
+    if any(a.ne[d] != b.ne[d] for d in range(MAX_DIMS) if d != dim):
+        _fail("concat", f"shapes differ outside dim {dim}", a, b)
+    ne = list(a.ne)
+    ne[dim] += b.ne[dim]
+    return _set(_ctx(ctx, a).new_tensor(a.type, ne), Op.CONCAT, [a, b], (dim,))
+
+
+# -- element-wise unary ops --------------------------------------------------------------------------
+def _simple_impl(name, op, a, inplace, ctx, params=()):
+    _need(name, a)
+    return _set(_result(_ctx(ctx, a), a, inplace), op, [a], params)
+
+
+def sqr(a, *, ctx=None):
+    return _simple_impl("sqr", Op.SQR, a, False, ctx)
+
+
+def sqr_inplace(a, *, ctx=None):
+    return _simple_impl("sqr", Op.SQR, a, True, ctx)
+
+
+def sqrt(a, *, ctx=None):
+    return _simple_impl("sqrt", Op.SQRT, a, False, ctx)
+
+
+def sqrt_inplace(a, *, ctx=None):
+    return _simple_impl("sqrt", Op.SQRT, a, True, ctx)
+
+
+def log(a, *, ctx=None):
+    return _simple_impl("log", Op.LOG, a, False, ctx)
+
+
+def log_inplace(a, *, ctx=None):
+    return _simple_impl("log", Op.LOG, a, True, ctx)
+
+
+def sin(a, *, ctx=None):
+    return _simple_impl("sin", Op.SIN, a, False, ctx)
+
+
+def cos(a, *, ctx=None):
+    return _simple_impl("cos", Op.COS, a, False, ctx)
+
+
+def unary(a, uop, *, ctx=None):
+    return _unary_impl(a, UnaryOp(uop), False, ctx)
+
+
+def _unary_impl(a, uop, inplace, ctx):
+    name = uop.name.lower()
+    _need(name, a)
+    if not a.is_contiguous_1():
+        _fail(name, "input must be contiguous along its rows", a)
+    return _set(_result(_ctx(ctx, a), a, inplace), Op.UNARY, [a], (int(uop),))
+
+
+def abs(a, *, ctx=None):  # noqa: A001 - GGML's name
+    return _unary_impl(a, UnaryOp.ABS, False, ctx)
+
+
+def abs_inplace(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.ABS, True, ctx)
+
+
+def sgn(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.SGN, False, ctx)
+
+
+def neg(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.NEG, False, ctx)
+
+
+def neg_inplace(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.NEG, True, ctx)
+
+
+def step(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.STEP, False, ctx)
+
+
+def tanh(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.TANH, False, ctx)
+
+
+def tanh_inplace(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.TANH, True, ctx)
+
+
+def elu(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.ELU, False, ctx)
+
+
+def relu(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.RELU, False, ctx)
+
+
+def relu_inplace(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.RELU, True, ctx)
+
+
+def sigmoid(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.SIGMOID, False, ctx)
+
+
+def sigmoid_inplace(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.SIGMOID, True, ctx)
+
+
+def gelu(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.GELU, False, ctx)
+
+
+def gelu_inplace(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.GELU, True, ctx)
+
+
+def gelu_erf(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.GELU_ERF, False, ctx)
+
+
+def gelu_quick(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.GELU_QUICK, False, ctx)
+
+
+def silu(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.SILU, False, ctx)
+
+
+def silu_inplace(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.SILU, True, ctx)
+
+
+def hardswish(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.HARDSWISH, False, ctx)
+
+
+def hardsigmoid(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.HARDSIGMOID, False, ctx)
+
+
+def exp(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.EXP, False, ctx)
+
+
+def exp_inplace(a, *, ctx=None):
+    return _unary_impl(a, UnaryOp.EXP, True, ctx)
+
+
+def _scale_impl(a, s, b, inplace, ctx):
+    _need("scale", a)
+    if not _is_padded_1d(a):
+        _fail("scale", "input must be padded 1-d (rows packed above dim 1)", a)
+    return _set(_result(_ctx(ctx, a), a, inplace), Op.SCALE, [a], (float(s), float(b)))
+
+
+def scale(a, s, *, ctx=None):
+    return _scale_impl(a, s, 0.0, False, ctx)
+
+
+def scale_inplace(a, s, *, ctx=None):
+    return _scale_impl(a, s, 0.0, True, ctx)
+
+
+def scale_bias(a, s, b, *, ctx=None):
+    """``a*s + b``."""
+    return _scale_impl(a, s, b, False, ctx)
+
+
+def clamp(a, min, max, *, ctx=None):  # noqa: A002 - GGML's names
+    """Clamp to ``[min, max]``; always a view of ``a`` in GGML."""
+    _need("clamp", a)
+    if min > max:
+        _fail("clamp", f"min {min} > max {max}", a)
+    return _set(_ctx(ctx, a).view_tensor(a), Op.CLAMP, [a], (float(min), float(max)))
+
+
+# -- reductions ------------------------------------------------------------------------------------
+def sum(a, *, ctx=None):  # noqa: A001 - GGML's name
+    _need("sum", a)
+    return _set(_ctx(ctx, a).new_tensor_1d(a.type, 1), Op.SUM, [a])
+
+
+def sum_rows(a, *, ctx=None):
+    _need("sum_rows", a)
+    return _set(_ctx(ctx, a).new_tensor(a.type, (1,) + a.ne[1:]), Op.SUM_ROWS, [a])
+
+
+def mean(a, *, ctx=None):
+    _need("mean", a)
+    return _set(_ctx(ctx, a).new_tensor(Type.F32, (1,) + a.ne[1:]), Op.MEAN, [a])
+
+
+def argmax(a, *, ctx=None):
+    _need("argmax", a)
+    if not a.is_matrix():
+        _fail("argmax", "input must be a matrix", a)
+    return _set(_ctx(ctx, a).new_tensor_1d(Type.I32, a.ne[1]), Op.ARGMAX, [a])
+
+
+# -- normalisation ---------------------------------------------------------------------------------
+def _norm_impl(name, op, a, eps, inplace, ctx):
+    _need(name, a)
+    if eps < 0:
+        _fail(name, f"eps must be non-negative, got {eps}", a)
+    return _set(_result(_ctx(ctx, a), a, inplace), op, [a], (float(eps),))
+
+
+def norm(a, eps=1e-5, *, ctx=None):
+    """Per row: subtract the mean, divide by sqrt(variance + eps)."""
+    return _norm_impl("norm", Op.NORM, a, eps, False, ctx)
+
+
+def norm_inplace(a, eps=1e-5, *, ctx=None):
+    return _norm_impl("norm", Op.NORM, a, eps, True, ctx)
+
+
+def rms_norm(a, eps=1e-6, *, ctx=None):
+    """Per row: divide by sqrt(mean(x²) + eps)."""
+    return _norm_impl("rms_norm", Op.RMS_NORM, a, eps, False, ctx)
+
+
+def rms_norm_inplace(a, eps=1e-6, *, ctx=None):
+    return _norm_impl("rms_norm", Op.RMS_NORM, a, eps, True, ctx)
+
+
+# -- matrix multiplication -----------------------------------------------------------------------
+def mul_mat(a, b, *, ctx=None):
+    """``a`` [k, m, p, q] (weights, may be quantized) times ``b`` [k, n, P, Q] -> F32 [m, n, P, Q].
+
+    Each result element is the dot product of a row of ``a`` with a row of ``b``; ``b``'s dims 2
+    and 3 must be multiples of ``a``'s, which are broadcast (GGML's ``ggml_can_mul_mat``).
+    """
+    _need("mul_mat", a, b)
+    if a.ne[0] != b.ne[0]:
+        _fail("mul_mat", "inner sizes ne[0] differ", a, b)
+    if b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
+        _fail("mul_mat", "b.ne[2] and b.ne[3] must be multiples of a's", a, b)
+    if a.is_transposed():
+        _fail("mul_mat", "a must not be transposed", a, b)
+    r = _ctx(ctx, a).new_tensor(Type.F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]))
+    return _set(r, Op.MUL_MAT, [a, b])
+
+
+# -- rows --------------------------------------------------------------------------------------------
+_INDEX_TYPES = (Type.I32, Type.I64)
+
+
+def get_rows(a, b, *, ctx=None):
+    """Gather rows of ``a`` [n_embd, n_rows, p, q] by the indices ``b`` [n, p, q] -> [n_embd, n, p, q]."""
+    _need("get_rows", a, b)
+    if b.type not in _INDEX_TYPES:
+        _fail("get_rows", "indices must be I32 or I64", a, b)
+    if a.ne[2] != b.ne[1] or a.ne[3] != b.ne[2] or b.ne[3] != 1:
+        _fail("get_rows", "index dims 1, 2 must match a's dims 2, 3", a, b)
+    rtype = Type.I32 if a.type == Type.I32 else Type.F32
+    r = _ctx(ctx, a).new_tensor(rtype, (a.ne[0], b.ne[0], b.ne[1], b.ne[2]))
+    return _set(r, Op.GET_ROWS, [a, b])
+
+
+def set_rows(a, b, c, *, ctx=None):
+    """Write the rows of ``b`` into ``a`` at the row indices ``c``; the result is a view of ``a``."""
+    _need("set_rows", a, b, c)
+    if a.ne[0] != b.ne[0] or a.ne[2] != b.ne[2] or a.ne[3] != b.ne[3]:
+        _fail("set_rows", "a and b must agree in dims 0, 2, 3", a, b, c)
+    if b.ne[1] != c.ne[0] or b.ne[2] % c.ne[1] or b.ne[3] % c.ne[2] or c.ne[3] != 1:
+        _fail("set_rows", "one index per row of b, broadcast over b's dims 2, 3", a, b, c)
+    if b.type != Type.F32 or c.type not in _INDEX_TYPES:
+        _fail("set_rows", "b must be F32 and c I32 or I64", a, b, c)
+    if not (a.is_contiguous_rows() and b.is_contiguous_rows()):
+        _fail("set_rows", "rows must be contiguous", a, b, c)
+    # src order (b, c, a) is GGML's, kept for its legacy reasons
+    return _set(_ctx(ctx, a).view_tensor(a), Op.SET_ROWS, [b, c, a])
+
+
+# -- attention helpers ---------------------------------------------------------------------------
+def _diag_mask_inf_impl(a, n_past, inplace, ctx):
+    _need("diag_mask_inf", a)
+    return _set(_result(_ctx(ctx, a), a, inplace), Op.DIAG_MASK_INF, [a], (int(n_past),))
+
+
+def diag_mask_inf(a, n_past, *, ctx=None):
+    """Set ``a[.., i1, i0] = -inf`` where ``i0 > n_past + i1`` (a causal mask)."""
+    return _diag_mask_inf_impl(a, n_past, False, ctx)
+
+
+def diag_mask_inf_inplace(a, n_past, *, ctx=None):
+    return _diag_mask_inf_impl(a, n_past, True, ctx)
+
+
+def _soft_max_impl(a, mask, scale_, max_bias, inplace, ctx):
+    _need("soft_max", a)
+    if not a.is_contiguous():
+        _fail("soft_max", "input must be contiguous", a)
+    if mask is not None:
+        _need("soft_max", mask)
+        if mask.type not in (Type.F16, Type.F32):
+            _fail("soft_max", "mask must be F16 or F32", a, mask)
+        if not mask.is_contiguous() or mask.ne[0] != a.ne[0] or mask.ne[1] < a.ne[1]:
+            _fail("soft_max", "mask must be contiguous with ne[0] = a's and ne[1] >= a's", a, mask)
+        if a.ne[2] % mask.ne[2] or a.ne[3] % mask.ne[3]:
+            _fail("soft_max", "mask dims 2, 3 must divide a's", a, mask)
+    if max_bias > 0 and mask is None:
+        _fail("soft_max", "ALiBi (max_bias > 0) needs a mask", a)
+    return _set(_result(_ctx(ctx, a), a, inplace), Op.SOFT_MAX, [a, mask], (float(scale_), float(max_bias)))
+
+
+def soft_max(a, *, ctx=None):
+    return _soft_max_impl(a, None, 1.0, 0.0, False, ctx)
+
+
+def soft_max_inplace(a, *, ctx=None):
+    return _soft_max_impl(a, None, 1.0, 0.0, True, ctx)
+
+
+def soft_max_ext(a, mask=None, scale=1.0, max_bias=0.0, *, ctx=None):
+    """``softmax(a*scale + mask*slope)`` per row; ``slope`` is ALiBi's per-head slope when
+    ``max_bias > 0``, else 1."""
+    return _soft_max_impl(a, mask, scale, max_bias, False, ctx)
+
+
+def soft_max_ext_inplace(a, mask=None, scale=1.0, max_bias=0.0, *, ctx=None):
+    return _soft_max_impl(a, mask, scale, max_bias, True, ctx)
+
+
+def _rope_impl(a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+               beta_fast, beta_slow, inplace, ctx):
+    _need("rope", a, b)
+    if mode not in (ROPE_TYPE_NORMAL, ROPE_TYPE_NEOX):
+        _fail("rope", f"mode {mode} is not supported (0 = normal, 2 = NeoX)", a, b)
+    if not b.is_vector() or b.type != Type.I32 or b.ne[0] != a.ne[2]:
+        _fail("rope", "positions must be an I32 vector with one entry per a.ne[2]", a, b)
+    if n_dims <= 0 or n_dims % 2 or n_dims > a.ne[0]:
+        _fail("rope", f"n_dims {n_dims} must be even and at most ne[0]", a, b)
+    if c is not None:
+        _need("rope", c)
+        if c.type != Type.F32 or c.ne[0] < n_dims // 2:
+            _fail("rope", "freq factors must be F32 with at least n_dims/2 entries", a, b, c)
+    params = (0, int(n_dims), int(mode), 0, int(n_ctx_orig), float(freq_base), float(freq_scale),
+              float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow))
+    return _set(_result(_ctx(ctx, a), a, inplace), Op.ROPE, [a, b, c], params)
+
+
+def rope_ext(a, b, c, n_dims, mode, n_ctx_orig=0, freq_base=10000.0, freq_scale=1.0, ext_factor=0.0,
+             attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, *, ctx=None):
+    """Rotary position embedding with YaRN scaling. ``a`` [head_dim, n_head, n_tokens, ...],
+    ``b`` I32 positions [n_tokens], ``c`` optional F32 frequency factors."""
+    return _rope_impl(a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                      attn_factor, beta_fast, beta_slow, False, ctx)
+
+
+def rope_ext_inplace(a, b, c, n_dims, mode, n_ctx_orig=0, freq_base=10000.0, freq_scale=1.0,
+                     ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, *, ctx=None):
+    return _rope_impl(a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                      attn_factor, beta_fast, beta_slow, True, ctx)
+
+
+def rope(a, b, n_dims, mode, *, ctx=None):
+    return rope_ext(a, b, None, n_dims, mode, ctx=ctx)
+
+
+def rope_inplace(a, b, n_dims, mode, *, ctx=None):
+    return rope_ext_inplace(a, b, None, n_dims, mode, ctx=ctx)
+
+
+def _glu_impl(a, b, gop, swapped, ctx):
+    name = gop.name.lower()
+    _need(name, a)
+    if not a.is_contiguous_1():
+        _fail(name, "input must be contiguous along its rows", a)
+    if b is None:
+        if a.ne[0] % 2:
+            _fail(name, "ne[0] must be even (two halves: value and gate)", a)
+        ne = (a.ne[0] // 2,) + a.ne[1:]
+    else:
+        _need(name, b)
+        if not b.is_contiguous_1() or b.ne != a.ne or b.type != a.type:
+            _fail(name, "a and b must have the same type and shape", a, b)
+        ne = a.ne
+    return _set(_ctx(ctx, a).new_tensor(a.type, ne), Op.GLU, [a, b], (int(gop), int(bool(swapped))))
+
+
+def swiglu(a, *, ctx=None):
+    """``silu(x) * g`` where ``x`` and ``g`` are the first and second halves of each row."""
+    return _glu_impl(a, None, GluOp.SWIGLU, False, ctx)
+
+
+def swiglu_swapped(a, *, ctx=None):
+    return _glu_impl(a, None, GluOp.SWIGLU, True, ctx)
+
+
+def swiglu_split(a, b, *, ctx=None):
+    """``silu(a) * b``."""
+    return _glu_impl(a, b, GluOp.SWIGLU, False, ctx)
+
+
+def geglu(a, *, ctx=None):
+    return _glu_impl(a, None, GluOp.GEGLU, False, ctx)
+
+
+def geglu_split(a, b, *, ctx=None):
+    return _glu_impl(a, b, GluOp.GEGLU, False, ctx)
+
+
+def reglu(a, *, ctx=None):
+    return _glu_impl(a, None, GluOp.REGLU, False, ctx)
+
+
+def reglu_split(a, b, *, ctx=None):
+    return _glu_impl(a, b, GluOp.REGLU, False, ctx)
+
+
+def pad_ext(a, lp0, rp0, lp1=0, rp1=0, lp2=0, rp2=0, lp3=0, rp3=0, *, ctx=None):
+    """Zero-pad each dim on the left (``lpN``) and right (``rpN``)."""
+    _need("pad", a)
+    p = (lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3)
+    if any(not isinstance(x, int) or x < 0 for x in p):
+        _fail("pad", f"paddings must be non-negative ints, got {list(p)}", a)
+    ne = tuple(a.ne[i] + p[2 * i] + p[2 * i + 1] for i in range(MAX_DIMS))
+    return _set(_ctx(ctx, a).new_tensor(a.type, ne), Op.PAD, [a], p)
+
+
+def pad(a, p0, p1=0, p2=0, p3=0, *, ctx=None):
+    """Zero-pad each dim at its end."""
+    return pad_ext(a, 0, p0, 0, p1, 0, p2, 0, p3, ctx=ctx)
+
+
+# -- views (no data movement) ---------------------------------------------------------------------
+def reshape(a, b, *, ctx=None):
+    """A view of contiguous ``a`` with ``b``'s shape."""
+    _need("reshape", a, b)
+    return _reshape(a, b.ne, ctx)
+
+
+def _reshape(a, ne, ctx):
+    if not a.is_contiguous():
+        _fail("reshape", "input must be contiguous (use cont first)", a)
+    ne = tuple(ne) + (1,) * (MAX_DIMS - len(ne))
+    if a.nelements() != ne[0] * ne[1] * ne[2] * ne[3]:
+        _fail("reshape", f"cannot view {a.nelements()} elements as {list(ne)}", a)
+    r = _ctx(ctx, a)._new(a.type, ne, view_src=a, view_offs=0, what="reshape")
+    r.name = f"{a.name} (reshaped)"
+    return _set(r, Op.RESHAPE, [a])
+
+
+def reshape_1d(a, ne0, *, ctx=None):
+    return _reshape(a, (ne0,), ctx)
+
+
+def reshape_2d(a, ne0, ne1, *, ctx=None):
+    return _reshape(a, (ne0, ne1), ctx)
+
+
+def reshape_3d(a, ne0, ne1, ne2, *, ctx=None):
+    return _reshape(a, (ne0, ne1, ne2), ctx)
+
+
+def reshape_4d(a, ne0, ne1, ne2, ne3, *, ctx=None):
+    return _reshape(a, (ne0, ne1, ne2, ne3), ctx)
+
+
+def _view(a, ne, nb, offset, ctx):
+    _need("view", a)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        _fail("view", f"offset must be a non-negative int, got {offset!r}", a)
+    ne = tuple(ne) + (1,) * (MAX_DIMS - len(ne))
+    r = _ctx(ctx, a)._new(a.type, ne, nb, view_src=a, view_offs=offset, what="view")
+    r.name = f"{a.name} (view)"
+    return _set(r, Op.VIEW, [a], (offset,))
+
+
+def view_1d(a, ne0, offset=0, *, ctx=None):
+    return _view(a, (ne0,), None, offset, ctx)
+
+
+def view_2d(a, ne0, ne1, nb1, offset=0, *, ctx=None):
+    nb0 = type_size(a.type)
+    return _view(a, (ne0, ne1), (nb0, nb1, nb1 * ne1, nb1 * ne1), offset, ctx)
+
+
+def view_3d(a, ne0, ne1, ne2, nb1, nb2, offset=0, *, ctx=None):
+    nb0 = type_size(a.type)
+    return _view(a, (ne0, ne1, ne2), (nb0, nb1, nb2, nb2 * ne2), offset, ctx)
+
+
+def view_4d(a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset=0, *, ctx=None):
+    return _view(a, (ne0, ne1, ne2, ne3), (type_size(a.type), nb1, nb2, nb3), offset, ctx)
+
+
+def permute(a, axis0, axis1, axis2=2, axis3=3, *, ctx=None):
+    """Dim ``i`` of ``a`` becomes dim ``axis_i`` of the result (GGML's convention)."""
+    _need("permute", a)
+    axes = (axis0, axis1, axis2, axis3)
+    if sorted(axes) != [0, 1, 2, 3]:
+        _fail("permute", f"axes {list(axes)} must be a permutation of 0..3", a)
+    ne, nb = [0] * 4, [0] * 4
+    for i, ax in enumerate(axes):
+        ne[ax], nb[ax] = a.ne[i], a.nb[i]
+    r = _ctx(ctx, a).view_tensor(a, tuple(ne), tuple(nb), what="permute")
+    r.name = f"{a.name} (permuted)"
+    return _set(r, Op.PERMUTE, [a], axes)
+
+
+def transpose(a, *, ctx=None):
+    """Swap dims 0 and 1 (a view)."""
+    _need("transpose", a)
+    ne = (a.ne[1], a.ne[0]) + a.ne[2:]
+    nb = (a.nb[1], a.nb[0]) + a.nb[2:]
+    r = _ctx(ctx, a).view_tensor(a, ne, nb, what="transpose")
+    r.name = f"{a.name} (transposed)"
+    return _set(r, Op.TRANSPOSE, [a], (1, 0, 2, 3))

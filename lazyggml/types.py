@@ -1,0 +1,122 @@
+"""GGML's type table: ids, block sizes, bytes per block (GGML's ``type_traits``).
+
+The ids are GGML's and GGUF's (``enum ggml_type``), so a type read from a GGUF file is
+``Type(raw_id)``. A quantized type stores ``blck_size`` elements in ``type_size`` bytes; a
+row of ``ne0`` elements takes ``row_size(t, ne0)`` bytes and ``ne0`` must be a multiple of
+the block size.
+"""
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+QK_K = 256  # elements in a K-quant super-block
+
+
+class Type(enum.IntEnum):
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q8_1 = 9
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    F64 = 28
+    BF16 = 30
+
+
+# type -> (elements per block, bytes per block); block layouts in spec/quant-formats.md §1
+_TRAITS = {
+    Type.F32: (1, 4),
+    Type.F16: (1, 2),
+    Type.Q4_0: (32, 18),
+    Type.Q4_1: (32, 20),
+    Type.Q5_0: (32, 22),
+    Type.Q5_1: (32, 24),
+    Type.Q8_0: (32, 34),
+    Type.Q8_1: (32, 36),
+    Type.Q2_K: (QK_K, 84),
+    Type.Q3_K: (QK_K, 110),
+    Type.Q4_K: (QK_K, 144),
+    Type.Q5_K: (QK_K, 176),
+    Type.Q6_K: (QK_K, 210),
+    Type.Q8_K: (QK_K, 292),
+    Type.I8: (1, 1),
+    Type.I16: (1, 2),
+    Type.I32: (1, 4),
+    Type.I64: (1, 8),
+    Type.F64: (1, 8),
+    Type.BF16: (1, 2),
+}
+
+# NumPy dtype of the plain (non-block) types; BF16 is kept as its raw 16 bits
+_NP_DTYPE = {
+    Type.F32: np.float32,
+    Type.F16: np.float16,
+    Type.BF16: np.uint16,
+    Type.I8: np.int8,
+    Type.I16: np.int16,
+    Type.I32: np.int32,
+    Type.I64: np.int64,
+    Type.F64: np.float64,
+}
+
+
+def as_type(t) -> Type:
+    """Coerce an int, a name (``"q4_K"``) or a Type to a Type, with a clear error."""
+    if isinstance(t, Type):
+        return t
+    if isinstance(t, str):
+        try:
+            return Type[t.upper()]
+        except KeyError:
+            raise ValueError(f"unknown tensor type {t!r}") from None
+    try:
+        return Type(int(t))
+    except (ValueError, TypeError):
+        raise ValueError(f"unknown tensor type {t!r}") from None
+
+
+def blck_size(t) -> int:
+    """Elements per block (1 for plain types)."""
+    return _TRAITS[as_type(t)][0]
+
+
+def type_size(t) -> int:
+    """Bytes per block."""
+    return _TRAITS[as_type(t)][1]
+
+
+def is_quantized(t) -> bool:
+    return blck_size(t) > 1
+
+
+def row_size(t, ne0: int) -> int:
+    """Bytes of a row of ``ne0`` elements (GGML's ``ggml_row_size``)."""
+    bs = blck_size(t)
+    if ne0 % bs:
+        raise ValueError(f"row of {ne0} elements is not a multiple of {as_type(t).name}'s block size {bs}")
+    return type_size(t) * (ne0 // bs)
+
+
+def np_dtype(t):
+    """NumPy dtype of one element of a plain type; quantized types have none (their rows are bytes)."""
+    return _NP_DTYPE.get(as_type(t))
+
+
+def type_name(t) -> str:
+    """GGML's lower-case name, e.g. ``q4_K``, ``f32``."""
+    n = as_type(t).name.lower()
+    return n[:-2] + "_K" if n.endswith("_k") else n
