@@ -23,6 +23,7 @@ from .backend import (BufferType, Buffer, MultiBuffer, Device, Backend, Registry
                       reg_get, reg_by_name, dev_count, dev_get, dev_by_name, dev_by_type,
                       backend_init_by_name, backend_init_by_type, backend_init_best)
 from .backends.cpu import set_n_threads, backend_cpu_init
+from .quants import quantize, dequantize
 
 F32, F16, BF16, F64 = Type.F32, Type.F16, Type.BF16, Type.F64
 I8, I16, I32, I64 = Type.I8, Type.I16, Type.I32, Type.I64
