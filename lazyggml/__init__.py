@@ -24,6 +24,9 @@ from .backend import (BufferType, Buffer, MultiBuffer, Device, Backend, Registry
                       backend_init_by_name, backend_init_by_type, backend_init_best)
 from .backends.cpu import set_n_threads, backend_cpu_init
 from .quants import quantize, dequantize
+from .alloc import (Gallocr, Tallocr, DynTallocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft,
+                    alloc_ctx_tensors_from_buft_size)
+from .sched import Scheduler
 
 F32, F16, BF16, F64 = Type.F32, Type.F16, Type.BF16, Type.F64
 I8, I16, I32, I64 = Type.I8, Type.I16, Type.I32, Type.I64
