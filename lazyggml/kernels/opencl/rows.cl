@@ -1,0 +1,47 @@
+// GET_ROWS and SET_ROWS: gather and scatter whole rows by index (I32 or I64 indices, is64).
+
+// GET_ROWS: dst[:, i10, i11, i12] = row idx[i10, i11, i12] of src0[:, :, i11, i12], as F32.
+// One work-group per dst row (ROW_IDS: i1 = i10, i2 = i11, i3 = i12).
+#define DEFINE_GET_ROWS(T, LOAD)                                                                    \
+kernel void kernel_get_rows_##T(global const char *src0, tensor_t a, global const char *idx, tensor_t b, \
+                                int is64, global char *dst, tensor_t d) {                          \
+    ROW_IDS;                                                                                       \
+    const long r = read_index(idx, b, i1, i2, i3, is64);                                           \
+    for (int i0 = lane; i0 < d.ne[0]; i0 += nl) {                                                  \
+        global const char *p = T_PTR(src0, a, i0, r, i2, i3);                                      \
+        T_F32(dst, d, i0, i1, i2, i3) = LOAD;                                                      \
+    }                                                                                              \
+}
+DEFINE_GET_ROWS(f32, *(global const float *)p)
+DEFINE_GET_ROWS(f16, vload_half(0, (global const half *)p))
+
+// Quantized rows: the lanes take groups of 16 weights (quants.cl) and write 16 floats each.
+#define DEFINE_GET_ROWS_Q(T)                                                                        \
+kernel void kernel_get_rows_##T(global const char *src0, tensor_t a, global const char *idx, tensor_t b, \
+                                int is64, global char *dst, tensor_t d) {                          \
+    ROW_IDS;                                                                                       \
+    const long r = read_index(idx, b, i1, i2, i3, is64);                                           \
+    global const uchar *x = (global const uchar *)T_PTR(src0, a, 0, r, i2, i3);                    \
+    global float *y = (global float *)T_PTR(dst, d, 0, i1, i2, i3);                                \
+    for (int g = lane; g < d.ne[0] / 16; g += nl)                                                  \
+        vstore16(dequant16_##T(x + (g / GPB_##T) * TS_##T, g % GPB_##T), g, y);                   \
+}
+DEFINE_GET_ROWS_Q(q8_0)
+DEFINE_GET_ROWS_Q(q4_K)
+DEFINE_GET_ROWS_Q(q6_K)
+
+// SET_ROWS: row (i01, i02, i03) of the F32 source b goes to row idx[i01, i02 % ne11, i03 % ne12]
+// of dst[:, :, i02, i03] (F32, or F16 rounded to nearest even). One work-group per source row.
+#define DEFINE_SET_ROWS(T, STORE)                                                                   \
+kernel void kernel_set_rows_##T(global const char *src0, tensor_t b, global const char *idx, tensor_t c, \
+                                int is64, global char *dst, tensor_t d) {                          \
+    ROW_IDS;                                                                                       \
+    const long r = read_index(idx, c, i1, i2 % c.ne[1], i3 % c.ne[2], is64);                       \
+    for (int i0 = lane; i0 < b.ne[0]; i0 += nl) {                                                  \
+        const float v = T_F32(src0, b, i0, i1, i2, i3);                                            \
+        global char *q = T_PTR(dst, d, i0, r, i2, i3);                                             \
+        STORE;                                                                                     \
+    }                                                                                              \
+}
+DEFINE_SET_ROWS(f32, *(global float *)q = v)
+DEFINE_SET_ROWS(f16, vstore_half_rte(v, 0, (global half *)q))
