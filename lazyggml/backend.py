@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import os
 
 import numpy as np
 
@@ -460,6 +461,12 @@ _registries = None
 def _builtin_registries():
     """CUDA, OpenCL, then CPU last; each only when its library and a device exist."""
     regs = []
+    if os.environ.get("LAZYGGML_DISABLE_CUDA", "0") in ("", "0"):
+        from .backends import cuda
+        regs.append(cuda.registry())
+    if os.environ.get("LAZYGGML_DISABLE_OPENCL", "0") in ("", "0"):
+        from .backends import opencl
+        regs.append(opencl.registry())
     from .backends import cpu
     regs.append(cpu.registry())
     return [r for r in regs if r is not None]

@@ -1,0 +1,240 @@
+"""What every CUDA kernel shares: GGML's constants, ``dp4a``, warp reductions, ``roundf``, launch rules.
+
+The same kernels run on a real GPU and on numba-cuda's simulator (``NUMBA_ENABLE_CUDASIM=1``, set
+before numba is imported), which runs each CUDA thread as a Python thread. The simulator lacks two
+things the GPU kernels use, so each of them is a small device helper with two bodies, chosen once
+when this module is imported (``SIM``):
+
+* **dp4a** (GGML's ``ggml_cuda_dp4a``): ``c + Σ a_k·b_k`` over the four signed bytes of two int32s.
+  On the GPU it is the ``dp4a.s32.s32`` instruction, reached through ``dp4a.cu`` (one line of CUDA C
+  calling ``__dp4a``) linked into each kernel that calls it; numba-cuda links with link-time
+  optimisation when nvJitLink is present, so the call is inlined (measured on an H200: as fast as
+  inline PTX). Without nvJitLink a linked function stays a real call (a stack frame per dp4a),
+  so then the same instruction is emitted as inline PTX instead; ``LAZYGGML_CUDA_DP4A=link|ptx``
+  forces one of them. Under the simulator it is a loop over the four bytes.
+* **warp reductions** (GGML's ``warp_reduce_sum`` / ``warp_reduce_max``): on the GPU a butterfly of
+  ``shfl_xor_sync`` with offsets width/2 ... 1; under the simulator each lane publishes its value
+  in shared memory and replays the same butterfly (two ``syncthreads`` in all), so results are
+  bit-equal. The simulator releases a barrier once every live thread of the block waits at one,
+  so a reduction called by a subset of warps works when the other warps have finished or wait at
+  a barrier themselves: kernels call these either from all threads or at their very end.
+
+The int8 tensor-core product ``mma_s8_16x8x32`` (inline PTX, GPU only) serves the fast mmq.
+
+Index arithmetic: numba types array indices as signed 64-bit and, for a signed index, adds the
+array's length when it is negative (Python's wrap-around). In inner loops that check costs more
+than the work, so hot loops index with ``np.uint32(...)``, which has no negative case.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import config, cuda
+from numba.core import types
+from numba.core.extending import intrinsic
+
+SIM = bool(config.ENABLE_CUDASIM)
+
+QK8_1 = 32              # values per q8_1 block
+Q8_1_INTS = 9           # sizeof(block_q8_1) / 4: ds (half2) + 8 ints of quants
+QK8_1_MMQ = 128         # values per block_q8_1_mmq (4 x q8_1 sharing one 16-byte header)
+Q8_1_MMQ_INTS = 36      # sizeof(block_q8_1_mmq) / 4: 4 x half2 (d, s) + 32 ints of quants
+MATRIX_ROW_PADDING = 512  # src1 rows are quantized padded to a multiple of this (zeros)
+
+CU_DIR = os.path.dirname(os.path.abspath(__file__))
+
+F32_ZERO = np.float32(0.0)
+F32_ONE = np.float32(1.0)
+
+
+def _dp4a_impl():
+    if SIM:
+        return "sim"
+    forced = os.environ.get("LAZYGGML_CUDA_DP4A", "")
+    if forced in ("link", "ptx"):
+        return forced
+    from numba.cuda.cudadrv.driver import _have_nvjitlink
+    return "link" if _have_nvjitlink() else "ptx"
+
+
+DP4A_IMPL = _dp4a_impl()
+
+if DP4A_IMPL == "sim":
+    @cuda.jit(device=True)
+    def dp4a(a, b, c):
+        s = int(c)
+        ua, ub = int(a) & 0xFFFFFFFF, int(b) & 0xFFFFFFFF
+        for k in range(4):
+            xa = (ua >> (8 * k)) & 0xFF
+            xb = (ub >> (8 * k)) & 0xFF
+            s += (xa - 256 if xa > 127 else xa) * (xb - 256 if xb > 127 else xb)
+        return np.int32(s)
+
+elif DP4A_IMPL == "link":
+    dp4a = cuda.declare_device("dp4a_s8", "int32(int32, int32, int32)",
+                               link=[os.path.join(CU_DIR, "dp4a.cu")])
+
+else:
+    @intrinsic
+    def dp4a(typingctx, a, b, c):
+        sig = types.int32(types.int32, types.int32, types.int32)
+
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)] * 3)
+            asm = ir.InlineAsm(fnty, "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r")
+            ints = [context.cast(builder, v, t, types.int32) for v, t in zip(args, signature.args)]
+            return builder.call(asm, ints)
+        return sig, codegen
+
+
+if not SIM:
+    @intrinsic
+    def mma_s8_16x8x32(typingctx, a0, a1, a2, a3, b0, b1):
+        """One warp-wide int8 tensor-core product (PTX ``mma.sync.aligned.m16n8k32.row.col``,
+        sm_80+): a 16x32 int8 tile A times a 32x8 tile B, int32 result, accumulator zero.
+
+        Fragments, with ``g = lane/4`` and ``t = lane%4`` (four int8 per int32 register):
+        A: ``a0`` = A[g][4t..4t+3], ``a1`` = A[g+8][4t..], ``a2`` = A[g][16+4t..], ``a3`` = A[g+8][16+4t..];
+        B: ``b0`` = B[4t..4t+3][g], ``b1`` = B[16+4t..][g];
+        returns C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+        """
+        sig = types.UniTuple(types.int32, 4)(*([types.int32] * 6))
+
+        def codegen(context, builder, signature, args):
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32] * 10)
+            asm = ir.InlineAsm(
+                fnty, "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                      "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r")
+            ins = [context.cast(builder, v, t, types.int32) for v, t in zip(args, signature.args)]
+            res = builder.call(asm, ins + [ir.Constant(i32, 0)] * 4)
+            return context.make_tuple(builder, signature.return_type,
+                                      [builder.extract_value(res, i) for i in range(4)])
+        return sig, codegen
+
+
+if SIM:
+    @cuda.jit(device=True)
+    def _block_tid():
+        return cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z)
+
+    def _butterfly(x, width, op):
+        """Every lane publishes its value; each then replays the whole butterfly of its group of
+        ``width`` lanes (offsets width/2 ... 1) on a copy: the GPU's order, with two barriers."""
+        buf = cuda.shared.array(1024, numba.float32)
+        tid = _block_tid()
+        buf[tid] = x
+        cuda.syncthreads()
+        base = tid - tid % width
+        vals = [buf[base + i] for i in range(width)]
+        off = width >> 1
+        while off > 0:
+            vals = [op(vals[i], vals[i ^ off]) for i in range(width)]
+            off >>= 1
+        cuda.syncthreads()
+        return vals[tid % width]
+
+    @cuda.jit(device=True)
+    def warp_reduce_sum(x, width):
+        return _butterfly(x, width, lambda a, b: a + b)
+
+    @cuda.jit(device=True)
+    def warp_reduce_max(x, width):
+        return _butterfly(x, width, max)
+
+    @cuda.jit(device=True)
+    def roundf(x):
+        """C's roundf: halves away from zero (exact: |x| + 0.5 is exact in float64)."""
+        return np.float32(math.copysign(math.floor(abs(float(x)) + 0.5), float(x)))
+
+    @cuda.jit(device=True)
+    def rsqrtf(x):
+        return np.float32(1.0 / math.sqrt(float(x)))
+
+else:
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True, inline=True)
+    def warp_reduce_sum(x, width):
+        off = width >> 1
+        while off > 0:
+            x += cuda.shfl_xor_sync(0xFFFFFFFF, x, off)
+            off >>= 1
+        return x
+
+    @cuda.jit(device=True, inline=True)
+    def warp_reduce_max(x, width):
+        off = width >> 1
+        while off > 0:
+            x = max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, off))
+            off >>= 1
+        return x
+
+    @cuda.jit(device=True, inline=True)
+    def roundf(x):
+        return libdevice.roundf(x)
+
+    @cuda.jit(device=True, inline=True)
+    def rsqrtf(x):
+        return libdevice.rsqrtf(x)
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def round_up(a, b):
+    return cdiv(a, b) * b
+
+
+@cuda.jit(device=True, inline=True)
+def block_reduce_sum(v, part):
+    """Sum over the whole (1-D) block: warp butterflies, then one more across the warps' results
+    in ``part`` (shared, 32 floats). Every thread of the block must call it; all get the total."""
+    v = warp_reduce_sum(v, 32)
+    nw = cuda.blockDim.x // 32
+    if nw > 1:
+        lane = cuda.threadIdx.x % 32
+        if lane == 0:
+            part[cuda.threadIdx.x // 32] = v
+        cuda.syncthreads()
+        v = part[lane] if lane < nw else F32_ZERO
+        v = warp_reduce_sum(v, 32)
+        cuda.syncthreads()      # part may be reused at once by the caller's next reduction
+    return v
+
+
+@cuda.jit(device=True, inline=True)
+def block_reduce_max(v, part):
+    v = warp_reduce_max(v, 32)
+    nw = cuda.blockDim.x // 32
+    if nw > 1:
+        lane = cuda.threadIdx.x % 32
+        if lane == 0:
+            part[cuda.threadIdx.x // 32] = v
+        cuda.syncthreads()
+        v = part[lane] if lane < nw else np.float32(-np.inf)
+        v = warp_reduce_max(v, 32)
+        cuda.syncthreads()
+    return v
+
+
+def row_block_size(ne0):
+    """Threads per row for the row kernels (norms, soft_max): a warp for short rows (GGML's rule)."""
+    return 32 if ne0 < 1024 else 256
+
+
+def row_grid(nrows):
+    """Blocks for the row kernels, which loop over rows ``blockIdx.x, + gridDim.x, ...``: one block
+    per row on a GPU; two under the simulator, where every thread costs a Python thread."""
+    return max(1, min(nrows, 2 if SIM else 1 << 30))
+
+
+def jit_kernel(**gpu_options):
+    """``cuda.jit`` with options the simulator does not take (``launch_bounds``), dropped there."""
+    return cuda.jit if SIM else cuda.jit(**gpu_options)

@@ -1,0 +1,50 @@
+"""RMS_NORM and NORM: one block per row (``row_grid``), a block-wide sum, then a pass that scales.
+
+``rms_norm``: ``y = x · rsqrt(mean(x²) + eps)``. ``norm``: ``y = (x − mean) · rsqrt(var + eps)``
+with the variance summed over ``(x − mean)²`` (two reductions, as GGML's CPU code does). A row is
+read with stride 1 (``nb[0]`` = 4) and any row strides; 32 threads for rows under 1024 values,
+else 256 (``row_block_size``).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import cuda
+
+from .common import F32_ZERO, block_reduce_sum, row_block_size, row_grid, rsqrtf
+
+
+@cuda.jit
+def norm_rows(rms, x, dst, ne0, ne1, ne2, nrows, s1, s2, s3, sd1, sd2, sd3, eps):
+    tid = cuda.threadIdx.x
+    part = cuda.shared.array(32, numba.float32)
+    n = np.float32(ne0)
+    for r in range(cuda.blockIdx.x, nrows, cuda.gridDim.x):
+        i1 = r % ne1
+        i2 = (r // ne1) % ne2
+        i3 = r // (ne1 * ne2)
+        xb = i1 * s1 + i2 * s2 + i3 * s3
+        db = i1 * sd1 + i2 * sd2 + i3 * sd3
+
+        mean = F32_ZERO
+        if not rms:
+            s = F32_ZERO
+            for k in range(tid, ne0, cuda.blockDim.x):
+                s += x[xb + k]
+            mean = block_reduce_sum(s, part) / n
+        sq = F32_ZERO
+        for k in range(tid, ne0, cuda.blockDim.x):
+            v = x[xb + k] - mean
+            sq += v * v
+        scale = rsqrtf(block_reduce_sum(sq, part) / n + eps)
+        for k in range(tid, ne0, cuda.blockDim.x):
+            dst[db + k] = (x[xb + k] - mean) * scale
+
+
+def launch_norm(stream, rms, x, dst, src, dst_t, eps):
+    ne = src.ne
+    s = [nb // 4 for nb in src.nb]
+    sd = [nb // 4 for nb in dst_t.nb]
+    nrows = ne[1] * ne[2] * ne[3]
+    norm_rows[row_grid(nrows), row_block_size(ne[0]), stream](
+        rms, x, dst, ne[0], ne[1], ne[2], nrows, s[1], s[2], s[3], sd[1], sd[2], sd[3], np.float32(eps))

@@ -1,0 +1,101 @@
+"""ROPE (rotary position embedding) in GGML's two layouts, with YaRN scaling; one thread per pair.
+
+``src0`` is ``[head_dim, n_head, n_tokens, 1]`` (any strides), ``pos`` the I32 position of each
+token. Within the first ``n_dims`` values of a head, pair ``p`` is rotated by
+``theta = pos · theta_scale^p`` with ``theta_scale = freq_base^(−2/n_dims)``:
+
+* normal mode (``mode = 0``): the pair is ``(x[2p], x[2p+1])`` (interleaved);
+* NeoX mode (``mode = 2``): the pair is ``(x[p], x[p + n_dims/2])`` (two halves).
+
+Values past ``n_dims`` are copied. YaRN (GGML's ``rope_yarn``): divide by the optional frequency
+factor, ``theta_interp = freq_scale · theta_extrap``; with ``ext_factor != 0`` the two are mixed by
+a ramp between the correction dims ``corr0 .. corr1`` (computed on the host) and the magnitude
+gets ``1 + 0.1·ln(1/freq_scale)``; ``attn_factor`` scales the result.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from ...ops import ROPE_TYPE_NEOX
+from .common import F32_ONE, F32_ZERO
+from .elementwise import BLOCK, grid_for
+
+F32_001 = np.float32(0.001)
+F32_01 = np.float32(0.1)
+
+
+@cuda.jit(device=True, inline=True)
+def _yarn_ramp(low, high, i0):
+    y = (np.float32(i0 // 2) - low) / max(F32_001, high - low)
+    return F32_ONE - min(F32_ONE, max(F32_ZERO, y))
+
+
+@cuda.jit(device=True, inline=True)
+def _yarn_mscale(freq_scale):
+    return F32_ONE + F32_01 * np.float32(math.log(F32_ONE / freq_scale))
+
+
+@cuda.jit
+def rope(x, pos, ff, has_ff, dst, neox, n, ne0, ne1, ne2, n_dims, s1, s2, s3, sd1, sd2, sd3,
+         theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1):
+    p = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    half = ne0 // 2
+    while p < n:
+        ip = p % half
+        r = p // half
+        i1 = r % ne1
+        i2 = (r // ne1) % ne2
+        i3 = r // (ne1 * ne2)
+        xb = i1 * s1 + i2 * s2 + i3 * s3
+        db = i1 * sd1 + i2 * sd2 + i3 * sd3
+        i0 = 2 * ip
+        if i0 >= n_dims:
+            dst[db + i0] = x[xb + i0]
+            dst[db + i0 + 1] = x[xb + i0 + 1]
+        else:
+            a = ip if neox else i0
+            b = ip + n_dims // 2 if neox else i0 + 1
+            theta_extrap = np.float32(pos[i2]) * np.float32(math.pow(theta_scale, np.float32(ip)))
+            if has_ff:
+                theta_extrap = theta_extrap / ff[ip]
+            theta = freq_scale * theta_extrap
+            mscale = attn_factor
+            if ext_factor != F32_ZERO:
+                mix = _yarn_ramp(corr0, corr1, i0) * ext_factor
+                theta = theta * (F32_ONE - mix) + theta_extrap * mix
+                mscale *= _yarn_mscale(freq_scale)
+            c = np.float32(math.cos(theta)) * mscale
+            s = np.float32(math.sin(theta)) * mscale
+            x0 = x[xb + a]
+            x1 = x[xb + b]
+            dst[db + a] = x0 * c - x1 * s
+            dst[db + b] = x0 * s + x1 * c
+        p += cuda.gridDim.x * cuda.blockDim.x
+
+
+def yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
+    """GGML's ``ggml_rope_yarn_corr_dims``: the dims where the ramp starts and ends."""
+    def corr_dim(n_rot):   # C's logf(0) is -inf: then the ramp covers every dim (unused unless ext_factor != 0)
+        r = n_ctx_orig / (n_rot * 2 * math.pi)
+        return n_dims * (math.log(r) if r > 0 else -math.inf) / (2 * math.log(freq_base))
+    start, end = corr_dim(beta_fast), corr_dim(beta_slow)
+    start = math.floor(start) if math.isfinite(start) else start
+    end = math.ceil(end) if math.isfinite(end) else end
+    return max(0.0, start), min(n_dims - 1.0, end)
+
+
+def launch_rope(stream, x, pos, ff, dst, src, dst_t, params):
+    _, n_dims, mode, _, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = params
+    ne = src.ne
+    s = [nb // 4 for nb in src.nb]
+    sd = [nb // 4 for nb in dst_t.nb]
+    corr0, corr1 = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    n = ne[0] // 2 * ne[1] * ne[2] * ne[3]
+    f32 = np.float32
+    rope[grid_for(n), BLOCK, stream](
+        x, pos, x if ff is None else ff, ff is not None, dst, mode == ROPE_TYPE_NEOX, n, ne[0], ne[1], ne[2],
+        n_dims, s[1], s[2], s[3], sd[1], sd[2], sd[3], f32(freq_base ** (-2.0 / n_dims)), f32(freq_scale),
+        f32(ext_factor), f32(attn_factor), f32(corr0), f32(corr1))

@@ -1,0 +1,76 @@
+"""SOFT_MAX with GGML's extensions: ``softmax(x·scale + slope·mask)`` per row, one block per row
+(``row_grid``).
+
+The mask (F32 or F16, rows contiguous) is indexed by the row ``i1`` and broadcast over dims 2 and 3
+(``i2 % mask.ne[2]``). ``slope`` is 1, or ALiBi's per-head slope when ``max_bias > 0``: for head
+``h = i2``, ``m0^(h+1)`` below ``n_head_log2`` (the largest power of two <= n_head) and
+``m1^(2·(h − n_head_log2) + 1)`` above, with ``m0 = 2^(−max_bias/n_head_log2)``,
+``m1 = 2^(−max_bias/2/n_head_log2)``. Three passes over the row: the max, the exponentials (kept
+in dst) and their sum, the division.
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import cuda
+
+from .common import F32_ONE, F32_ZERO, block_reduce_max, block_reduce_sum, row_block_size, row_grid
+
+
+@cuda.jit
+def soft_max(x, mask, has_mask, dst, ne0, ne1, ne2, nrows, mne1, mne2, mne3, ms1, ms2, ms3, scale,
+             max_bias, m0, m1, n_head_log2):
+    tid = cuda.threadIdx.x
+    part = cuda.shared.array(32, numba.float32)
+    for r in range(cuda.blockIdx.x, nrows, cuda.gridDim.x):
+        i1 = r % ne1
+        i2 = (r // ne1) % ne2
+        i3 = r // (ne1 * ne2)
+        xb = r * ne0                                   # src0 and dst are contiguous
+        mb = (i3 % mne3) * ms3 + (i2 % mne2) * ms2 + i1 * ms1
+
+        slope = F32_ONE
+        if max_bias > F32_ZERO:
+            if i2 < n_head_log2:
+                slope = np.float32(math.pow(m0, np.float32(i2 + 1)))
+            else:
+                slope = np.float32(math.pow(m1, np.float32(2 * (i2 - n_head_log2) + 1)))
+
+        mx = np.float32(-np.inf)
+        for k in range(tid, ne0, cuda.blockDim.x):
+            v = x[xb + k] * scale
+            if has_mask:
+                v += slope * np.float32(mask[mb + k])
+            mx = max(mx, v)
+        mx = block_reduce_max(mx, part)
+
+        s = F32_ZERO
+        for k in range(tid, ne0, cuda.blockDim.x):
+            v = x[xb + k] * scale
+            if has_mask:
+                v += slope * np.float32(mask[mb + k])
+            e = np.float32(math.exp(v - mx))
+            dst[xb + k] = e
+            s += e
+        inv = F32_ONE / block_reduce_sum(s, part)
+        for k in range(tid, ne0, cuda.blockDim.x):
+            dst[xb + k] *= inv
+
+
+def launch_soft_max(stream, x, mask_view, dst, src, mask, scale, max_bias):
+    ne = src.ne
+    if mask is None:
+        mne, ms, has_mask = (1, 1, 1), (0, 0, 0), False
+    else:
+        e = mask.nb[0]
+        mne, ms, has_mask = mask.ne[1:], (mask.nb[1] // e, mask.nb[2] // e, mask.nb[3] // e), True
+    n_head = ne[2]
+    n_head_log2 = 1 << int(math.floor(math.log2(n_head))) if n_head > 0 else 1
+    m0 = 2.0 ** (-max_bias / n_head_log2)
+    m1 = 2.0 ** (-max_bias / 2.0 / n_head_log2)
+    nrows = ne[1] * ne[2] * ne[3]
+    soft_max[row_grid(nrows), row_block_size(ne[0]), stream](
+        x, mask_view, has_mask, dst, ne[0], ne[1], ne[2], nrows, mne[0], mne[1], mne[2], ms[0], ms[1], ms[2],
+        np.float32(scale), np.float32(max_bias), np.float32(m0), np.float32(m1), n_head_log2)

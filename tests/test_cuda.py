@@ -1,0 +1,413 @@
+"""Tests of the CUDA backend: every kernel under numba-cuda's simulator (CI, no GPU), and on a real GPU.
+
+**Why a child process.** numba's CUDA simulator is chosen once, when numba is imported, by
+``NUMBA_ENABLE_CUDASIM=1``; other test modules import numba first in the same pytest process. So
+this module has two faces, picked by ``LAZYGGML_CUDA_TEST_CHILD``:
+
+* in the normal run, ``test_simulator`` starts ``python -m pytest tests/test_cuda.py`` in a child
+  with ``NUMBA_ENABLE_CUDASIM=1`` and ``LAZYGGML_CUDA_SIM=1`` (the backend then offers one
+  simulated device, ``CUDA0``) and fails with the child's report when a child test fails; the
+  ``test_gpu_*`` tests run here too, and skip, saying so, when no GPU is present;
+* in the child, the ``test_sim_*`` tests: each kernel on shapes of one to four CUDA blocks (the
+  simulator runs every thread as a Python thread, about 2 ms each), compared with NumPy.
+
+Comparisons follow GGML's test-backend-ops: NMSE ``Σ(a−b)²/Σb²`` at most 5e-4 for quantized
+mul_mat (CUDA quantizes activations to q8_1 per 32 values where the CPU uses Q8_K per 256, so the
+results differ from the CPU's) and 1e-7 for other ops. The quantized products are also checked
+tightly against a NumPy model of exactly what the kernels compute (q8_1 activations, float64
+sums): that catches indexing mistakes that 5e-4 could let through. The op table of
+``test_backend_ops.py`` (``CASES``, ``run_case``) runs on the CUDA backend too.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+CHILD = os.environ.get("LAZYGGML_CUDA_TEST_CHILD") == "1"
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+QUANT_NMSE = 5e-4
+
+
+def nmse(got, ref):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    return float(np.sum((got - ref) ** 2) / np.sum(ref ** 2))
+
+
+# -- NumPy models of the CUDA activation quantizers (spec §4.5) -------------------------------------
+def roundf(x):
+    """C's roundf: halves away from zero."""
+    return np.copysign(np.floor(np.abs(x) + 0.5), x)
+
+
+def q8_1_model(x):
+    """quantize_q8_1 on rows of x (zero-padded to 512): (q int8 [rows, k], d f16, s f16 per 32)."""
+    rows, k = x.shape
+    kp = -(-k // 512) * 512
+    xp = np.zeros((rows, kp), np.float32)
+    xp[:, :k] = x
+    g = xp.reshape(rows, -1, 32)
+    amax = np.abs(g).max(-1, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(amax == 0, 0, roundf(g / np.where(d == 0, 1, d)))
+    s = np.add.reduce(g, axis=-1, dtype=np.float32)
+    return q.astype(np.int8).reshape(rows, kp), d[..., 0].astype(np.float16), s.astype(np.float16)
+
+
+def mmq_q8_1_model(x):
+    """quantize_mmq_q8_1 (DS4): d = 1/(127/amax), q = roundf(x·127/amax)."""
+    rows, k = x.shape
+    kp = -(-k // 512) * 512
+    xp = np.zeros((rows, kp), np.float32)
+    xp[:, :k] = x
+    g = xp.reshape(rows, -1, 32)
+    amax = np.abs(g).max(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d_inv = np.float32(127) / amax
+        q = np.where(amax == 0, 0, roundf(g * d_inv))
+    d = np.where(amax == 0, 0, np.float32(1) / d_inv)
+    s = np.add.reduce(g, axis=-1, dtype=np.float32)
+    return q.astype(np.int8).reshape(rows, kp), d[..., 0].astype(np.float16), s.astype(np.float16)
+
+
+def dequant(type_, w_bytes, k):
+    from lazyggml.quants import dequantize
+    return dequantize(type_, w_bytes, k).astype(np.float64)
+
+
+def random_weights(lg, type_, m, k, rng):
+    """(bytes to upload, float64 values the kernels see)."""
+    W = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    if type_ == lg.F32:
+        return W, W.astype(np.float64)
+    if type_ == lg.F16:
+        return W.astype(np.float16), W.astype(np.float16).astype(np.float64)
+    from lazyggml.quants import quantize
+    wb = quantize(type_, W)
+    return wb, dequant(type_, wb, k)
+
+
+def mul_mat_on(lg, be, type_, m, k, src1_ne, rng, permute_src1=False):
+    """Compute mul_mat(W [k, m], X) on backend ``be``; return (got, float64 reference, X as the
+    product reads it, W's float64 values, W's bytes)."""
+    from lazyggml.alloc import alloc_ctx_tensors
+    ctx = lg.Context()
+    w = ctx.new_tensor_2d(type_, k, m)
+    if permute_src1:   # X stored as [k, ne2, ne1]: the product reads it through a permuted view
+        x = ctx.new_tensor_3d(lg.F32, k, src1_ne[2], src1_ne[1])
+        xv = lg.permute(x, 0, 2, 1, 3)
+    else:
+        x = xv = ctx.new_tensor(lg.F32, (k,) + tuple(src1_ne[1:]))
+    y = lg.mul_mat(w, xv)
+    g = lg.Graph()
+    lg.build_forward_expand(g, y)
+    buf = alloc_ctx_tensors(ctx, be)
+    wb, Wd = random_weights(lg, type_, m, k, rng)
+    X = rng.uniform(-1, 1, tuple(reversed(x.ne))).astype(np.float32)
+    lg.tensor_set(w, wb)
+    lg.tensor_set(x, X)
+    be.graph_compute(g)
+    be.synchronize()
+    got = lg.tensor_get(y).astype(np.float64)
+    Xv = np.swapaxes(X, 1, 2) if permute_src1 else X          # NumPy order [ne3, ne2, ne1, k]
+    ref = np.einsum("mk,abnk->abnm", Wd, Xv.astype(np.float64))
+    buf.free()
+    return got, ref, Xv, Wd, wb
+
+
+def q8_1_reference(Wd, X, model, mins=None):
+    """W times the dequantized q8_1 activations: exactly the kernels' products (float64).
+
+    mmq takes the min term of Q4_K from the activations' float sums ``s`` instead of their quants:
+    with ``mins`` (``dmin·m`` per row and 32-value group) that difference is modelled too."""
+    flat = X.reshape(-1, X.shape[-1])
+    k = X.shape[-1]
+    q, d, s = model(flat)
+    qg = q.reshape(flat.shape[0], -1, 32).astype(np.float64)
+    d64 = d.astype(np.float64)
+    xq = (qg * d64[..., None]).reshape(flat.shape[0], -1)[:, :k].reshape(X.shape)
+    ref = np.einsum("mk,abnk->abnm", Wd, xq)
+    if mins is not None:
+        ngroups = k // 32
+        corr = (d64 * qg.sum(-1) - s.astype(np.float64))[:, :ngroups]   # [columns, groups]
+        ref = ref + (corr @ mins.T).reshape(ref.shape)
+    return ref
+
+
+def q4_K_mins(wb, k):
+    """``dmin·m_j`` of every 32-value group of Q4_K rows (spec §2's get_scale_min_k4)."""
+    blocks = np.ascontiguousarray(wb).reshape(wb.shape[0], k // 256, 144)
+    dmin = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    q = blocks[:, :, 4:16].astype(np.int64)
+    m = np.empty(q.shape[:2] + (8,), np.int64)
+    m[..., :4] = q[..., 4:8] & 63
+    m[..., 4:] = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    return (dmin[..., None] * m).reshape(wb.shape[0], -1)
+
+
+# ===================================================================================================
+# the parent: start the simulator child; real-GPU tests
+# ===================================================================================================
+if not CHILD:
+    def test_simulator():
+        """All ``test_sim_*`` tests, in a child process with the CUDA simulator on."""
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", LAZYGGML_CUDA_SIM="1", LAZYGGML_CUDA_TEST_CHILD="1",
+                   PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        env.pop("LAZYGGML_DISABLE_CUDA", None)
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        report = (r.stdout + r.stderr)[-12000:]
+        assert r.returncode == 0, f"simulator tests failed:\n{report}"
+        print(report.strip().splitlines()[-1])
+
+    def _gpu():
+        try:
+            from numba import cuda
+            return cuda.is_available()
+        except Exception:
+            return False
+
+    HAVE_GPU = _gpu()
+    gpu = pytest.mark.skipif(not HAVE_GPU, reason="no CUDA GPU on this machine (numba-cuda finds none)")
+
+    @pytest.fixture(scope="module")
+    def cuda_backend():
+        import lazyggml as lg
+        return lg.backend_init_by_name("CUDA0")
+
+    @gpu
+    @pytest.mark.parametrize("type_name,m,k", [("Q4_K", 4096, 14336), ("Q6_K", 1024, 4096), ("Q8_0", 1024, 4096),
+                                               ("F16", 1024, 4096)])
+    @pytest.mark.parametrize("n", [1, 8, 512])
+    def test_gpu_mul_mat_real_shapes(cuda_backend, type_name, m, k, n):
+        """mmvq (n <= 8), mmq or dequantize+GEMM (n = 512), float kernels: against NumPy and, where
+        the CPU backend computes MUL_MAT, against the CPU."""
+        import lazyggml as lg
+        type_ = getattr(lg, type_name)
+        got, ref, X, Wd, _ = mul_mat_on(lg, cuda_backend, type_, m, k, (k, n, 1, 1), np.random.default_rng(n))
+        assert nmse(got, ref) <= QUANT_NMSE
+        cpu = lg.backend_cpu_init()
+        ctx = lg.Context()
+        probe = lg.mul_mat(ctx.new_tensor_2d(type_, k, m), ctx.new_tensor_2d(lg.F32, k, n))
+        if n <= 8 and cpu.device.supports_op(probe):
+            got_cpu = mul_mat_on(lg, cpu, type_, m, k, (k, n, 1, 1), np.random.default_rng(n))[0]
+            assert nmse(got, got_cpu) <= QUANT_NMSE
+
+    @gpu
+    def test_gpu_backend_ops_cases(cuda_backend):
+        """Every case of test_backend_ops.py that the CUDA backend supports, on the GPU."""
+        sys.path.insert(0, HERE)
+        from test_backend_ops import CASES, run_case
+        results = [run_case(c, cuda_backend) for c in CASES]
+        assert results.count("ok") > 50
+
+    @gpu
+    def test_gpu_graph_capture_replays_fresh_inputs(cuda_backend):
+        """Eager run, capture, replays: each run reads the inputs' current values."""
+        import lazyggml as lg
+        from lazyggml.alloc import alloc_ctx_tensors
+        rng = np.random.default_rng(1)
+        ctx = lg.Context()
+        w, x = ctx.new_tensor_2d(lg.Q4_K, 512, 64), ctx.new_tensor_2d(lg.F32, 512, 1)
+        y = lg.rms_norm(lg.mul_mat(w, lg.scale(x, 2.0)), 1e-6)
+        g = lg.Graph()
+        lg.build_forward_expand(g, y)
+        alloc_ctx_tensors(ctx, cuda_backend)
+        wb, Wd = random_weights(lg, lg.Q4_K, 64, 512, rng)
+        lg.tensor_set(w, wb)
+        for _ in range(4):
+            X = rng.uniform(-1, 1, (1, 512)).astype(np.float32)
+            lg.tensor_set(x, X)
+            cuda_backend.graph_compute(g)
+            cuda_backend.synchronize()
+            h = 2.0 * X.astype(np.float64) @ Wd.T
+            ref = h / np.sqrt(np.mean(h * h) + 1e-6)
+            assert nmse(lg.tensor_get(y)[0, 0], ref) <= QUANT_NMSE
+        assert len(cuda_backend._graphs) >= 1
+
+    @gpu
+    def test_gpu_mmq_variants_agree(cuda_backend, monkeypatch):
+        """The tensor-core mmq and the dp4a reference give the same products (n = 64)."""
+        import lazyggml as lg
+        outs = []
+        for variant in ("", "dp4a"):
+            monkeypatch.setenv("LAZYGGML_CUDA_MMQ", variant)
+            got, ref, _, _, _ = mul_mat_on(lg, cuda_backend, lg.Q4_K, 256, 1024, (1024, 64, 1, 1),
+                                        np.random.default_rng(5))
+            assert nmse(got, ref) <= QUANT_NMSE
+            outs.append(got)
+        assert nmse(outs[0], outs[1]) <= 1e-10
+
+
+# ===================================================================================================
+# the child: simulator tests
+# ===================================================================================================
+if CHILD:
+    import lazyggml as lg
+    from lazyggml.alloc import alloc_ctx_tensors
+    from lazyggml.backends.cuda import CUDABuffer, CUDAEvent, registry
+
+    @pytest.fixture(scope="module")
+    def be():
+        return lg.backend_init_by_name("CUDA0")
+
+    @pytest.fixture
+    def rng(request):
+        import zlib
+        return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+    def test_sim_registry_and_buffers(be):
+        reg = registry()
+        assert reg.name == "CUDA" and [d.name for d in reg.devices] == ["CUDA0"]
+        assert lg.reg_get(0) is reg                      # CUDA registers first
+        dev = reg.devices[0]
+        assert dev.type == lg.DeviceType.GPU and "simulator" in dev.description
+        buft = dev.get_buffer_type()
+        assert not buft.is_host() and buft.get_alignment() == 128 and dev.supports_buft(buft)
+        assert not dev.supports_buft(lg.backend_cpu_init().get_default_buffer_type())
+
+        ctx = lg.Context()
+        a, b = ctx.new_tensor_1d(lg.F32, 10), ctx.new_tensor_1d(lg.F32, 10)
+        buf = alloc_ctx_tensors(ctx, be)
+        assert isinstance(buf, CUDABuffer) and buf.data is None and not buf.is_host()
+        v = np.arange(10, dtype=np.float32)
+        lg.tensor_set(a, v)
+        assert np.array_equal(lg.tensor_get(a).ravel(), v)
+        lg.tensor_set(a, np.float32([7, 8]), offset=8)   # partial write at a byte offset
+        assert lg.tensor_get(a).ravel()[2:4].tolist() == [7, 8]
+        lg.tensor_copy(a, b)                             # device to device
+        assert np.array_equal(lg.tensor_get(b), lg.tensor_get(a))
+        lg.tensor_memset(b, 0)
+        assert not lg.tensor_get(b).any()
+        buf.clear(0)
+        assert not lg.tensor_get(a).any()
+
+    def test_sim_async_copies_and_events(be):
+        ctx = lg.Context()
+        a, b = ctx.new_tensor_1d(lg.F32, 6), ctx.new_tensor_1d(lg.F32, 6)
+        alloc_ctx_tensors(ctx, be)
+        v = np.linspace(-1, 1, 6, dtype=np.float32)
+        lg.tensor_set_async(be, a, v)
+        lg.tensor_copy_async(be, be, a, b)
+        ev = lg.event_new(be.device)
+        assert isinstance(ev, CUDAEvent)
+        be.event_record(ev)
+        be.event_wait(ev)
+        lg.event_synchronize(ev)
+        out = be.get_tensor_async(b, 0, b.nbytes())
+        be.synchronize()
+        assert np.array_equal(out.view(np.float32), v)
+
+    def test_sim_quantize_q8_1(be, rng):
+        """Bit-exact quants and scales (a row of 40 values: padded to 512, 2 blocks of 256 threads)."""
+        from numba import cuda
+        from lazyggml.kernels.cuda.quantize import launch_quantize_q8_1, q8_1_bytes
+        x = rng.uniform(-1, 1, (1, 40)).astype(np.float32)
+        x[0, 32:] = 0                                    # an all-zero group: d = 0, q = 0
+        n = q8_1_bytes(40, 1)
+        scratch = cuda.to_device(np.full(n, 0x55, np.uint8))
+        launch_quantize_q8_1(0, cuda.to_device(x.ravel()), scratch.view(np.int8), scratch.view(np.float16),
+                             (40, 1, 1, 1), (40, 40, 40))
+        blocks = scratch.copy_to_host().reshape(-1, 36)
+        q, d, s = q8_1_model(x)
+        assert np.array_equal(blocks[:, 4:].view(np.int8).ravel(), q.ravel())
+        assert np.array_equal(blocks[:, 0:2].copy().view(np.float16).ravel(), d.ravel())
+        np.testing.assert_allclose(blocks[:, 2:4].copy().view(np.float16).ravel().astype(np.float32),
+                                   s.ravel().astype(np.float32), rtol=2e-3, atol=1e-3)
+
+    def test_sim_quantize_mmq_q8_1(be, rng):
+        """DS4 blocks, transposed: block (slice kb, column c) at kb·ncols + c."""
+        from numba import cuda
+        from lazyggml.kernels.cuda.quantize import launch_quantize_mmq_q8_1, mmq_kblocks, mmq_q8_1_bytes
+        k, ncols = 256, 2
+        x = rng.uniform(-1, 1, (ncols, k)).astype(np.float32)
+        n = mmq_q8_1_bytes(k, ncols, 1)
+        scratch = cuda.to_device(np.zeros(n, np.uint8))
+        launch_quantize_mmq_q8_1(0, cuda.to_device(x.ravel()), scratch.view(np.int32), scratch.view(np.float16),
+                                 (k, ncols, 1, 1), (k, k * ncols, k * ncols))
+        blocks = scratch.copy_to_host().reshape(mmq_kblocks(k), ncols, 144)
+        q, d, s = mmq_q8_1_model(x)
+        for c in range(ncols):
+            for kb in range(k // 128):
+                blk = blocks[kb, c]
+                assert np.array_equal(blk[16:].view(np.int8), q[c, 128 * kb:128 * (kb + 1)])
+                hdr = blk[:16].copy().view(np.float16).reshape(4, 2)
+                assert np.array_equal(hdr[:, 0], d[c, 4 * kb:4 * kb + 4])
+                np.testing.assert_allclose(hdr[:, 1].astype(np.float32), s[c, 4 * kb:4 * kb + 4].astype(np.float32),
+                                           rtol=2e-3, atol=1e-3)
+
+    @pytest.mark.parametrize("type_name,m,k,n", [
+        ("Q4_K", 4, 256, 1),     # 4 warps, rows_per_block = 4 (small K)
+        ("Q4_K", 3, 2048, 1),    # 4 warps, 1 row per block, several iterations
+        ("Q4_K", 3, 512, 2),     # 2 rows per block, partial last block
+        ("Q4_K", 2, 256, 5),     # 2 warps
+        ("Q6_K", 4, 256, 1),
+        ("Q6_K", 3, 512, 3),
+        ("Q8_0", 4, 64, 1),
+        ("Q8_0", 3, 1024, 2),
+    ])
+    def test_sim_mmvq(be, rng, type_name, m, k, n):
+        type_ = getattr(lg, type_name)
+        got, ref, X, Wd, _ = mul_mat_on(lg, be, type_, m, k, (k, n, 1, 1), rng)
+        assert nmse(got, ref) <= QUANT_NMSE
+        assert nmse(got, q8_1_reference(Wd, X, q8_1_model)) <= 1e-10
+
+    def test_sim_mmvq_broadcast_and_permuted_src1(be, rng):
+        """src1 [k, 2, 2] read through a permuted view; src0 broadcast over the channels."""
+        got, ref, X, Wd, _ = mul_mat_on(lg, be, lg.Q4_K, 2, 256, (256, 2, 2, 1), rng, permute_src1=True)
+        assert nmse(got, ref) <= QUANT_NMSE
+        assert nmse(got, q8_1_reference(Wd, X, q8_1_model)) <= 1e-10
+
+    def test_sim_mmq(be, rng):
+        """9 columns: mmq with J = 16 (one tile, 7 columns clamped), 8 rows of I = 128 (clamped)."""
+        got, ref, X, Wd, wb = mul_mat_on(lg, be, lg.Q4_K, 8, 512, (512, 9, 1, 1), rng)
+        assert nmse(got, ref) <= QUANT_NMSE
+        assert nmse(got, q8_1_reference(Wd, X, mmq_q8_1_model, q4_K_mins(wb, 512))) <= 1e-10
+
+    def test_sim_dequantize_then_gemm(be, rng):
+        """Q6_K and Q8_0 with more than 8 columns: dequantized to F32, then the tiled GEMM."""
+        for type_, k in ((lg.Q6_K, 256), (lg.Q8_0, 64)):
+            got, ref, _, _, _ = mul_mat_on(lg, be, type_, 3, k, (k, 9, 1, 1), rng)
+            assert nmse(got, ref) <= 1e-12
+
+    @pytest.mark.parametrize("type_name", ["F32", "F16"])
+    @pytest.mark.parametrize("n", [2, 70])
+    def test_sim_mul_mat_float(be, rng, type_name, n):
+        """mul_mat_vec_f (n = 2) and the 64x64 tiled GEMM (n = 70: two column tiles, partial)."""
+        got, ref, _, _, _ = mul_mat_on(lg, be, getattr(lg, type_name), 5, 40, (40, n, 1, 1), rng)
+        assert nmse(got, ref) <= 1e-12
+
+    def test_sim_mul_mat_float_batched_permuted(be, rng):
+        got, ref, _, _, _ = mul_mat_on(lg, be, lg.F16, 3, 32, (32, 3, 2, 1), rng, permute_src1=True)
+        assert nmse(got, ref) <= 1e-12
+
+    def test_sim_unsupported_ops_are_refused(be):
+        ctx = lg.Context()
+        bad = [
+            lg.mul_mat(ctx.new_tensor_2d(lg.Q4_0, 64, 4), ctx.new_tensor_2d(lg.F32, 64, 1)),   # no kernel
+            lg.mul_mat(ctx.new_tensor_2d(lg.Q4_K, 256, 4), ctx.new_tensor_2d(lg.F16, 256, 1)),  # F16 src1
+            lg.add(ctx.new_tensor_1d(lg.F16, 4), ctx.new_tensor_1d(lg.F16, 4)),
+            lg.cpy(ctx.new_tensor_1d(lg.F32, 4), ctx.new_tensor_1d(lg.BF16, 4)),
+            lg.sum_rows(ctx.new_tensor_2d(lg.F32, 4, 2)),
+        ]
+        for t in bad:
+            assert not be.device.supports_op(t), t
+        g = lg.Graph()
+        lg.build_forward_expand(g, bad[2])
+        alloc_ctx_tensors(ctx, be)
+        with pytest.raises(ValueError, match="not supported"):
+            be.graph_compute(g)
+
+    sys.path.insert(0, HERE)
+    from test_backend_ops import CASES, run_case  # noqa: E402
+
+    @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+    def test_sim_backend_ops(be, case):
+        """test_backend_ops.py's table on the simulated device (unsupported cases skip)."""
+        if run_case(case, be) == "unsupported":
+            pytest.skip("not supported by the CUDA backend")
