@@ -9,6 +9,7 @@ snake_case without the ``ggml_`` prefix, the same argument order and semantics.
     b = lg.relu(lg.scale(a, 2.0))
     g = lg.Graph(); lg.build_forward_expand(g, b)
 """
+from . import cache  # first: points Numba's kernel cache at lazyggml's directory before Numba loads
 from .types import Type, QK_K, blck_size, type_size, row_size, is_quantized, type_name
 from .tensor import (Tensor, Context, MAX_DIMS, MAX_SRC, FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM,
                      FLAG_LOSS, FLAG_COMPUTE, set_input, set_output, set_param, set_loss, set_name,
@@ -27,6 +28,10 @@ from .quants import quantize, dequantize
 from .alloc import (Gallocr, Tallocr, DynTallocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft,
                     alloc_ctx_tensors_from_buft_size)
 from .sched import Scheduler
+from .gguf_io import GGUFError, GGUFFile, TensorInfo, read_gguf, LlamaHParams, check_llama_tensors
+from .tokenizer import Tokenizer
+from .sampling import Sampler
+from . import testing
 
 F32, F16, BF16, F64 = Type.F32, Type.F16, Type.BF16, Type.F64
 I8, I16, I32, I64 = Type.I8, Type.I16, Type.I32, Type.I64

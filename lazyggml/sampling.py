@@ -1,0 +1,126 @@
+"""Choosing the next token from a row of logits, as llama.cpp's sampler chain does (``llama-sampling.cpp``).
+
+A sampler step works on *candidates*: token ids with their logits (llama.cpp's
+``llama_token_data_array``). Each filter below takes ``(ids, logits)`` and returns the candidates it
+keeps, sorted by logit, highest first:
+
+* ``top_k(ids, logits, k)``: the ``k`` most likely (``k <= 0``: all);
+* ``top_p(ids, logits, p)``: the smallest set whose probability reaches ``p`` (nucleus sampling);
+* ``min_p(ids, logits, p)``: those at least ``p`` times as likely as the best one;
+* ``temperature(ids, logits, t)``: logits divided by ``t``; ``t <= 0`` keeps only the best token.
+
+``Sampler`` chains them in llama.cpp's default order, top-k -> top-p -> min-p -> temperature, then
+draws from the softmax of what is left (llama.cpp's ``dist`` sampler) with a NumPy ``Generator``.
+Since top-p and min-p come before the temperature, the temperature reshapes the distribution over
+the chosen tokens but does not change which tokens are chosen. ``greedy(logits)`` is the argmax.
+
+Same seed, same draws; the draws are not llama.cpp's (it uses a ``std::mt19937``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _sorted(ids, logits):
+    """Candidates by descending logit; equal logits keep the lower id first."""
+    order = np.argsort(-logits, kind="stable")
+    return ids[order], logits[order]
+
+
+def softmax(logits) -> np.ndarray:
+    """Probabilities from logits, in float64; ``-inf`` logits get probability 0."""
+    x = np.asarray(logits, dtype=np.float64)
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def greedy(logits) -> int:
+    """The id of the largest logit (the first one on ties), llama.cpp's greedy sampler."""
+    return int(np.argmax(logits))
+
+
+def top_k(ids, logits, k: int):
+    """Keep the ``k`` highest logits; ``k <= 0`` or ``k >= len`` keeps all (sorted).
+
+    Like llama.cpp's partial sort, this selects in O(n) before sorting only the ``k`` kept, which
+    matters for a 128k-token vocabulary: the k-th largest logit is found by partitioning, then the
+    larger ones and, for ties at that value, the lowest ids are kept."""
+    n = len(ids)
+    if 0 < k < n:
+        kth = np.partition(logits, n - k)[n - k]
+        above = np.flatnonzero(logits > kth)
+        at = np.flatnonzero(logits == kth)[:k - len(above)]
+        keep = np.concatenate([above, at])
+        ids, logits = ids[keep], logits[keep]
+    return _sorted(ids, logits)
+
+
+def top_p(ids, logits, p: float, min_keep: int = 1):
+    """Keep the most likely tokens until their probability sum reaches ``p`` (the token that
+    crosses ``p`` included, at least ``min_keep``); ``p >= 1`` keeps all."""
+    ids, logits = _sorted(ids, logits)
+    if p >= 1.0:
+        return ids, logits
+    cum = np.cumsum(softmax(logits))
+    n = max(min_keep, int(np.searchsorted(cum, p, side="left")) + 1)
+    return ids[:n], logits[:n]
+
+
+def min_p(ids, logits, p: float, min_keep: int = 1):
+    """Keep the tokens whose probability is at least ``p`` times the best one's, i.e. whose logit is
+    at least ``max + log(p)``; ``p <= 0`` keeps all."""
+    ids, logits = _sorted(ids, logits)
+    if p <= 0.0:
+        return ids, logits
+    n = max(min_keep, int(np.count_nonzero(logits >= logits[0] + np.float32(np.log(p)))))
+    return ids[:n], logits[:n]
+
+
+def temperature(ids, logits, t: float):
+    """Divide the logits by ``t``; ``t <= 0`` keeps only the best token (greedy)."""
+    ids, logits = _sorted(ids, logits)
+    if t <= 0.0:
+        return ids[:1], logits[:1]
+    return ids, logits / np.float32(t)
+
+
+class Sampler:
+    """llama.cpp's default sampler chain: top-k -> top-p -> min-p -> temperature -> dist.
+
+    The defaults are llama.cpp's (``common_params_sampling``). ``temp <= 0`` is greedy decoding;
+    ``top_k <= 0``, ``top_p >= 1`` and ``min_p <= 0`` turn those steps off. ``seed``: an int for
+    reproducible draws, None for fresh entropy.
+    """
+
+    def __init__(self, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 seed=None):
+        if not (0.0 <= top_p <= 1.0 and 0.0 <= min_p <= 1.0):
+            raise ValueError(f"top_p={top_p} and min_p={min_p} must lie in [0, 1]")
+        if not np.isfinite(temp):
+            raise ValueError(f"temp={temp} must be finite")
+        self.temp = float(temp)
+        self.top_k = int(top_k)
+        self.top_p = float(top_p)
+        self.min_p = float(min_p)
+        self.rng = np.random.default_rng(seed)
+
+    def candidates(self, logits):
+        """The ``(ids, logits)`` left after the filters, before the draw."""
+        logits = np.asarray(logits, dtype=np.float32).reshape(-1)
+        if logits.size == 0 or np.isnan(logits).any() or not np.isfinite(logits.max()):
+            raise ValueError("logits must be a non-empty row with no NaN and at least one finite value")
+        ids = np.arange(logits.size)
+        ids, logits = top_k(ids, logits, self.top_k)
+        ids, logits = top_p(ids, logits, self.top_p)
+        ids, logits = min_p(ids, logits, self.min_p)
+        return temperature(ids, logits, self.temp)
+
+    def sample(self, logits) -> int:
+        """Draw the next token id from one row of logits (any float array of ``n_vocab`` values)."""
+        ids, logits = self.candidates(logits)
+        if len(ids) == 1:
+            return int(ids[0])
+        # the dist step: a uniform draw located in the cumulative distribution
+        cdf = np.cumsum(softmax(logits))
+        i = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        return int(ids[min(i, len(ids) - 1)])

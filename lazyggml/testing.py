@@ -1,0 +1,267 @@
+"""Test fixtures: a tiny random-weight llama GGUF file that llama.cpp itself can load.
+
+``make_tiny_llama(path)`` writes, with ``gguf.GGUFWriter``:
+
+* every metadata key llama.cpp's loader requires for ``general.architecture = "llama"``;
+* a vocabulary, either SentencePiece-style (``vocab="llama"``: ``<unk>``, ``<s>``, ``</s>``, the byte
+  tokens ``<0x00>`` ..., pieces with scores) or GPT-2 byte-level BPE (``vocab="gpt2"``: the byte
+  alphabet, merges, ``<|begin_of_text|>`` and ``<|end_of_text|>``). The pieces and merges are learnt
+  by a few rounds of BPE training on a short built-in English text, so both tokenizers have real
+  merges to apply, and byte fallback handles everything else;
+* random weights, quantized by ``lazyggml.quants`` (bit-exact with GGML) into the types of a
+  ``Q4_K_M`` file, as llama.cpp's ``llama-quantize`` chooses them (``llama_tensor_get_type``): 2-D
+  weights Q4_K, except ``output.weight`` Q6_K and, in the layers where ``use_more_bits`` holds,
+  ``attn_v`` and ``ffn_down`` Q6_K; 1-D norms F32. A K-quant needs rows that are a multiple of 256;
+  where they are not (the default ``n_embd=64`` for one), llama-quantize falls back, Q4_K -> Q5_0 and
+  Q6_K -> Q8_0, and so does this. ``n_embd=256, n_ff=512`` gives a file with real Q4_K and Q6_K.
+
+About ``attn_q`` and ``attn_k``: llama.cpp's converter permutes the rows of Hugging Face's Q and K
+weights, because HF rotates the two halves of each head while GGML's llama RoPE (``LLAMA_ROPE_TYPE_NORM``)
+rotates adjacent pairs. Random weights have no layout to preserve, so nothing is permuted here; a
+file built from real HF weights would need that permutation.
+"""
+from __future__ import annotations
+
+import fnmatch
+from collections import Counter
+
+import gguf
+import numpy as np
+
+from . import quants
+from .tokenizer import BYTE_TO_UNICODE, SPIECE_UNDERLINE, TokenType, byte_encode, pre_tokenize
+from .types import QK_K, Type, as_type, blck_size, type_name
+
+LLAMA_FTYPE_MOSTLY_Q4_K_M = 15
+
+_CORPUS = """\
+The quick brown fox jumps over the lazy dog. A tensor is a grid of numbers, and a graph of
+tensors is computed one node at a time. The model reads the text, then writes the next word;
+it is small, but it is there. When the weights are random the words are random too, and that is
+fine for a test: the tokenizer, the file and the kernels are what we check. Hello world! The
+cat sat on the mat. 1, 2, 3 and 10, 20, 30: numbers are text as well. Isn't it? It's true.
+"""
+
+# byte values that never occur in UTF-8 text: 0xC0, 0xC1 (overlong lead bytes) and 0xF5..0xFF
+_NOT_IN_UTF8 = frozenset({0xC0, 0xC1} | set(range(0xF5, 0x100)))
+_MIN_PIECES = 16  # normal pieces to keep before dropping the 13 byte tokens above
+
+
+def _use_more_bits(i_layer: int, n_layer: int) -> bool:
+    """llama-quantize's rule for the layers whose attn_v and ffn_down get more bits in Q4_K_M."""
+    return i_layer < n_layer // 8 or i_layer >= 7 * n_layer // 8 or (i_layer - n_layer // 8) % 3 == 2
+
+
+def q4_k_m_type(name: str, ne: tuple, n_layer: int, tied_output: bool = False) -> Type:
+    """The type llama-quantize gives tensor ``name`` (shape ``ne``, GGML order) in a Q4_K_M file."""
+    if len(ne) == 1:
+        return Type.F32
+    if name == "output.weight" or (tied_output and name == "token_embd.weight"):
+        t = Type.Q6_K if ne[0] % QK_K == 0 else Type.Q8_0
+    elif name.endswith(("attn_v.weight", "ffn_down.weight")):
+        t = Type.Q6_K if _use_more_bits(int(name.split(".")[1]), n_layer) else Type.Q4_K
+    else:
+        t = Type.Q4_K
+    if ne[0] % blck_size(t):  # llama-quantize's fallback for rows a K-quant cannot cut
+        t = {Type.Q4_K: Type.Q5_0, Type.Q6_K: Type.Q8_0}.get(t, t)
+        if ne[0] % blck_size(t):
+            t = Type.F16
+    return t
+
+
+def _train_bpe(words: Counter, known: set, n_new: int) -> list:
+    """Greedy BPE training: merge the most frequent adjacent pair of known symbols until ``n_new``
+    new tokens exist or no pair is left. ``words``: symbol tuple -> count. Returns the merges."""
+    merges = []
+    tokens = set(known)
+    while len(tokens) - len(known) < n_new:
+        pairs = Counter()
+        for w, c in words.items():
+            for a, b in zip(w, w[1:]):
+                if a in tokens and b in tokens:
+                    pairs[a, b] += c
+        if not pairs:
+            break
+        a, b = min(pairs, key=lambda ab: (-pairs[ab], ab))
+        merges.append((a, b))
+        tokens.add(a + b)
+        merged = Counter()
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and w[i] == a and w[i + 1] == b:
+                    out.append(a + b)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged[tuple(out)] += c
+        words = merged
+    return merges
+
+
+def _byte_values(n_room: int) -> list:
+    """The byte tokens to include: all 256, or only those UTF-8 text can contain when the
+    vocabulary is too small to hold all of them and some pieces."""
+    if n_room >= 256 + _MIN_PIECES:
+        return list(range(256))
+    keep = [b for b in range(256) if b not in _NOT_IN_UTF8]
+    if n_room < len(keep) + 1:
+        raise ValueError(f"n_vocab is too small for a vocabulary with byte fallback: it needs room for "
+                         f"{len(keep)} byte tokens and at least one piece")
+    return keep
+
+
+def _spm_vocab(n_vocab: int):
+    """tokens, scores, token types of a SentencePiece-style vocabulary of ``n_vocab`` tokens."""
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
+    byte_values = _byte_values(n_vocab - len(tokens))
+    tokens += [f"<0x{b:02X}>" for b in byte_values]
+    types += [TokenType.BYTE] * len(byte_values)
+    n_pieces = n_vocab - len(tokens)
+    # SentencePiece sees words as "▁word"; take the most frequent characters, "▁" first, and learn
+    # merges among them for the rest of the room
+    words = Counter(tuple(SPIECE_UNDERLINE + w) for w in _CORPUS.split())
+    freq = Counter(c for w, n in words.items() for c in w for _ in range(n))
+    chars = sorted(freq, key=lambda c: (c != SPIECE_UNDERLINE, -freq[c], c))
+    chars = chars[:max(1, min(len(chars), n_pieces // 2))]
+    merged = [a + b for a, b in _train_bpe(words, set(chars), n_pieces - len(chars))]
+    pieces = list(dict.fromkeys(merged))
+    scores = [0.0] * len(tokens) + [-float(i) for i in range(len(pieces))]
+    pieces += chars  # single characters score below every merge, as in SentencePiece models
+    scores += [-float(len(merged) + i) for i in range(len(chars))]
+    tokens += pieces
+    types += [TokenType.NORMAL] * len(pieces)
+    _pad_unused(tokens, types, scores, n_vocab)
+    return tokens, scores, types
+
+
+def _gpt2_vocab(n_vocab: int, pre: str):
+    """tokens, token types, merges of a GPT-2 byte-level BPE vocabulary of ``n_vocab`` tokens."""
+    specials = ["<|begin_of_text|>", "<|end_of_text|>"]
+    alphabet = sorted((BYTE_TO_UNICODE[b] for b in _byte_values(n_vocab - len(specials))), key=ord)
+    words = Counter(tuple(byte_encode(w)) for w in pre_tokenize(_CORPUS, pre))
+    merges = _train_bpe(words, set(alphabet), n_vocab - len(specials) - len(alphabet))
+    tokens = alphabet + list(dict.fromkeys(a + b for a, b in merges))
+    types = [TokenType.NORMAL] * len(tokens)
+    _pad_unused(tokens, types, None, n_vocab - len(specials))
+    tokens += specials
+    types += [TokenType.CONTROL] * len(specials)
+    return tokens, types, [f"{a} {b}" for a, b in merges]
+
+
+def _pad_unused(tokens, types, scores, n):
+    """Fill a vocabulary that the training text could not fill with unused tokens."""
+    for i in range(n - len(tokens)):
+        tokens.append(f"<unused{i}>")
+        types.append(TokenType.UNUSED)
+        if scores is not None:
+            scores.append(-1e9)
+
+
+def _tensor_shapes(n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, tie_output):
+    """name -> ne (GGML order) of the llama tensors, in llama.cpp's order."""
+    head = n_embd // n_head
+    shapes = {"token_embd.weight": (n_embd, n_vocab), "output_norm.weight": (n_embd,)}
+    if not tie_output:
+        shapes["output.weight"] = (n_embd, n_vocab)
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        shapes.update({
+            b + "attn_norm.weight": (n_embd,),
+            b + "attn_q.weight": (n_embd, n_embd),
+            b + "attn_k.weight": (n_embd, head * n_head_kv),
+            b + "attn_v.weight": (n_embd, head * n_head_kv),
+            b + "attn_output.weight": (n_embd, n_embd),
+            b + "ffn_norm.weight": (n_embd,),
+            b + "ffn_gate.weight": (n_embd, n_ff),
+            b + "ffn_up.weight": (n_embd, n_ff),
+            b + "ffn_down.weight": (n_ff, n_embd),
+        })
+    return shapes
+
+
+def _resolve_type(name, ne, types, n_layer, tie_output) -> Type:
+    for pattern, t in (types or {}).items():
+        if fnmatch.fnmatchcase(name, pattern):
+            t = as_type(t)
+            if t not in quants.SUPPORTED_TYPES:
+                raise ValueError(f"{name}: lazyggml cannot quantize to {type_name(t)}")
+            if ne[0] % blck_size(t):
+                raise ValueError(f"{name}: rows of {ne[0]} elements are not a multiple of "
+                                 f"{type_name(t)}'s block size {blck_size(t)}")
+            return t
+    return q4_k_m_type(name, ne, n_layer, tie_output)
+
+
+def make_tiny_llama(path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=256,
+                    n_ctx=128, types=None, seed=0, vocab="llama", tokenizer_pre="llama-bpe",
+                    tie_output=False, rms_eps=1e-5, rope_freq_base=10000.0):
+    """Write a random-weight llama GGUF file to ``path`` and return ``path``.
+
+    ``types``: tensor-name pattern (``fnmatch``, e.g. ``"blk.*.ffn_*"`` or ``"*"``) -> GGML type
+    (``Type``, id or name such as ``"q8_0"``); the first matching pattern wins and unmatched tensors get
+    their Q4_K_M type (module docstring). ``vocab``: ``"llama"`` (SentencePiece) or ``"gpt2"``
+    (byte-level BPE with ``tokenizer.ggml.pre = tokenizer_pre``, e.g. ``"llama-bpe"`` or
+    ``"default"``). ``tie_output``: leave out ``output.weight`` (the output projection is then
+    ``token_embd.weight``, which gets the output's type). The same arguments give the same bytes.
+    """
+    if n_embd % n_head or n_head % n_head_kv or (n_embd // n_head) % 2:
+        raise ValueError(f"n_embd={n_embd}, n_head={n_head}, n_head_kv={n_head_kv}: need n_embd divisible "
+                         f"by n_head into an even head size, and n_head divisible by n_head_kv")
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("lazyggml tiny llama")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_rope_freq_base(rope_freq_base)
+    w.add_layer_norm_rms_eps(rms_eps)
+    w.add_vocab_size(n_vocab)
+    if not types:
+        w.add_file_type(LLAMA_FTYPE_MOSTLY_Q4_K_M)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    if vocab == "llama":
+        tokens, scores, token_types = _spm_vocab(n_vocab)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types([int(t) for t in token_types])
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+    elif vocab == "gpt2":
+        tokens, token_types, merges = _gpt2_vocab(n_vocab, tokenizer_pre)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(tokenizer_pre)
+        w.add_token_list(tokens)
+        w.add_token_types([int(t) for t in token_types])
+        w.add_token_merges(merges)
+        w.add_bos_token_id(n_vocab - 2)
+        w.add_eos_token_id(n_vocab - 1)
+    else:
+        raise ValueError(f"vocab must be 'llama' or 'gpt2', not {vocab!r}")
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+    for name, ne in _tensor_shapes(n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, tie_output).items():
+        t = _resolve_type(name, ne, types, n_layer, tie_output)
+        shape = tuple(reversed(ne))  # NumPy order
+        if len(ne) == 1:  # norm weights scatter around 1
+            x = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
+        else:             # y = W x keeps unit scale with W ~ N(0, 1/ne0)
+            x = rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(ne[0]))
+        data = quants.quantize(t, x.reshape(-1, ne[0]))
+        w.add_tensor(name, data.reshape(shape[:-1] + (data.shape[-1],)), raw_dtype=gguf.GGMLQuantizationType(t))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
