@@ -32,6 +32,7 @@ from .gguf_io import GGUFError, GGUFFile, TensorInfo, read_gguf, LlamaHParams, c
 from .tokenizer import Tokenizer
 from .sampling import Sampler
 from . import testing
+from .models.llama import load_model
 
 F32, F16, BF16, F64 = Type.F32, Type.F16, Type.BF16, Type.F64
 I8, I16, I32, I64 = Type.I8, Type.I16, Type.I32, Type.I64

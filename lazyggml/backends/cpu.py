@@ -14,12 +14,11 @@ import os
 import numba
 
 from ..backend import Backend, BufferType, Device, DeviceType, Registry, Status, host_view
-from ..ops import EMPTY_OPS, op_desc
-from ..tensor import FLAG_COMPUTE
+from ..ops import EMPTY_OPS
 from ..kernels.cpu import FORWARD
 
 # every module that registers CPU kernels (import order does not matter)
-_KERNEL_MODULES = ("elementwise", "reduce", "norm", "softmax", "rope", "rows", "copy", "matmul")
+_KERNEL_MODULES = ("elementwise", "reduce", "norm", "softmax", "rope", "rows", "copy", "shape", "matmul")
 
 for _m in _KERNEL_MODULES:
     try:
@@ -55,8 +54,7 @@ class CPUDevice(Device):
     def supports_op(self, t):
         if t.op in EMPTY_OPS:
             return True
-        entry = FORWARD.get(t.op)
-        return entry is not None and entry[1](t)
+        return FORWARD.supports(t)
 
     def init_backend(self):
         return CPUBackend(self)
@@ -69,15 +67,8 @@ class CPUBackend(Backend):
 
     def graph_compute(self, g):
         numba.set_num_threads(self.n_threads)
-        for node in g.nodes:
-            if node.op in EMPTY_OPS or not node.flags & FLAG_COMPUTE or node.nelements() == 0:
-                continue
-            entry = FORWARD.get(node.op)
-            if entry is None or not entry[1](node):
-                raise ValueError(f"CPU backend: {op_desc(node)} is not supported for '{node.name}' "
-                                 f"({', '.join(repr(s) for s in node.src if s is not None)})")
-            srcs = [None if s is None else host_view(s) for s in node.src]
-            entry[0](node, host_view(node), srcs)
+        for fn, node in FORWARD.runnable(g):
+            fn(node, host_view(node), [None if s is None else host_view(s) for s in node.src])
         return Status.SUCCESS
 
 

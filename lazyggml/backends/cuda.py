@@ -33,8 +33,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..backend import Backend, Buffer, BufferType, BufferUsage, Device, DeviceType, Registry, Status
-from ..ops import EMPTY_OPS, Op, op_desc
-from ..tensor import FLAG_COMPUTE
+from ..ops import EMPTY_OPS, Op
 
 MAX_CACHED_GRAPHS = 32
 MAX_SEEN_KEYS = 1024
@@ -145,8 +144,7 @@ class CUDADevice(Device):
             return True
         from ..kernels.cuda import FORWARD
         _load_kernels()
-        entry = FORWARD.get(t.op)
-        return entry is not None and entry[1](t)
+        return FORWARD.supports(t)
 
     def offload_op(self, t):
         """GGML's rule: an op whose batch reaches 32 is worth running here even when its weights sit
@@ -208,15 +206,7 @@ class CUDABackend(Backend):
     # -- interface
     def graph_compute(self, g):
         from ..kernels.cuda import FORWARD
-        nodes = []
-        for node in g.nodes:
-            if node.op in EMPTY_OPS or not node.flags & FLAG_COMPUTE or node.nelements() == 0:
-                continue
-            entry = FORWARD.get(node.op)
-            if entry is None or not entry[1](node):
-                raise ValueError(f"CUDA backend: {op_desc(node)} is not supported for '{node.name}' "
-                                 f"({', '.join(repr(s) for s in node.src if s is not None)})")
-            nodes.append((entry[0], node))
+        nodes = FORWARD.runnable(g)
         with self.device.context():
             if not self.use_graphs:
                 self._run(nodes)

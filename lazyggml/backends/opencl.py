@@ -38,8 +38,8 @@ import os
 import numpy as np
 
 from ..backend import Backend, Buffer, BufferType, BufferUsage, Device, DeviceType, Registry, Status
-from ..ops import EMPTY_OPS, ROPE_TYPE_NEOX, GluOp, Op, UnaryOp, op_desc
-from ..tensor import FLAG_COMPUTE
+from ..kernels import KernelTable
+from ..ops import EMPTY_OPS, ROPE_TYPE_NEOX, GluOp, Op, UnaryOp
 from ..types import Type, type_size
 
 cl = None  # pyopencl, imported by registry(): the package is optional
@@ -207,8 +207,7 @@ class OpenCLDevice(Device):
     def supports_op(self, t):
         if t.op in EMPTY_OPS:
             return True
-        entry = _FORWARD.get(t.op)
-        return entry is not None and entry[1](t)
+        return _FORWARD.supports(t)
 
     def init_backend(self):
         return OpenCLBackend(self)
@@ -269,14 +268,8 @@ class OpenCLBackend(Backend):
 
     # -- compute --
     def graph_compute(self, g):
-        for node in g.nodes:
-            if node.op in EMPTY_OPS or not node.flags & FLAG_COMPUTE or node.nelements() == 0:
-                continue
-            entry = _FORWARD.get(node.op)
-            if entry is None or not entry[1](node):
-                raise ValueError(f"{self.name}: {op_desc(node)} is not supported for '{node.name}' "
-                                 f"({', '.join(repr(s) for s in node.src if s is not None)})")
-            entry[0](self, node)
+        for fn, node in _FORWARD.runnable(g):
+            fn(self, node)
         return Status.SUCCESS
 
     def launch(self, name, gsize, lsize, *args):
@@ -302,15 +295,8 @@ def targ(t, extra_offset=0):
 
 
 # -- the ops: (launch, supports) per op, GGML's compute switch as a table --------------------------------
-_FORWARD = {}
-
-
-def _forward(*ops, supports):
-    def register(fn):
-        for op in ops:
-            _FORWARD[op] = (fn, supports)
-        return fn
-    return register
+_FORWARD = KernelTable("OpenCL")
+_forward = _FORWARD.forward
 
 
 def _f32(*ts):

@@ -6,18 +6,7 @@ slot is empty, see ``backend.host_layout``), and ``supports(node)`` says which t
 handles (the CPU device's ``supports_op`` asks it). This is GGML's ``ggml_compute_forward`` switch,
 as a table.
 """
-FORWARD = {}  # Op -> (fn, supports)
+from .. import KernelTable
 
-
-def _any(node):
-    return True
-
-
-def forward(*ops, supports=_any):
-    def register(fn):
-        for op in ops:
-            if op in FORWARD:
-                raise RuntimeError(f"two CPU kernels for {op.name}")
-            FORWARD[op] = (fn, supports)
-        return fn
-    return register
+FORWARD = KernelTable("CPU")
+forward = FORWARD.forward

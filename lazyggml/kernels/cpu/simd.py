@@ -19,36 +19,39 @@ How it works
 * Each operation is an ``@intrinsic``: a Python function that runs at compile time, checks the
   argument types and emits a few lines of LLVM IR with llvmlite's IRBuilder. Numba inlines that IR
   into the caller, so an operation costs exactly its instructions.
-* Loads are unaligned (``align 1``) from a byte offset into any C-contiguous 1-D array: block
-  structures are read straight from the weight bytes, without views or copies.
+* Loads are unaligned (``align 1``) from a byte offset into any 1-D array (a row of a strided
+  tensor is fine as long as the bytes read are contiguous): block structures are read straight
+  from the weight bytes, without views or copies. No bounds checks: callers stay in range.
 
 Two instruction sets, one source
 --------------------------------
-Two operations have no single LLVM IR instruction: ``maddubs`` (x86 ``pmaddubsw``: unsigned bytes x
-signed bytes, adjacent pairs added into int16 with saturation) and ``madd`` (x86 ``pmaddwd``: int16 x
-int16, adjacent pairs added into int32). With AVX2 in the Numba target they call
-``llvm.x86.avx2.pmadd.ub.sw`` / ``llvm.x86.avx2.pmadd.wd`` directly (one instruction each; with
-AVX-512 VNNI, ``madd`` followed by ``add`` becomes ``vpdpwssd``, see ``madd_acc``). Otherwise they
-are written as portable IR (widen, multiply, pick even/odd lanes with ``shufflevector``, add) that
-LLVM compiles for any target, and that it often pattern-matches back into ``pmaddwd`` on SSE2.
-Everything else is plain portable IR (``and``, ``lshr``, ``sitofp``, ``llvm.fmuladd``...).
+A few x86 instructions have no single LLVM IR equivalent: ``maddubs`` (``pmaddubsw``: unsigned
+bytes x signed bytes, adjacent pairs added into int16 with saturation), ``madd`` (``pmaddwd``:
+int16 x int16, adjacent pairs added into int32) and ``vsign`` (``psignb``). With AVX2 in the Numba
+target they call ``llvm.x86.avx2.*`` directly (one instruction each); with AVX-512 VNNI,
+``madd_acc`` and ``dot4_acc`` become one ``vpdpwssd`` / ``vpdpbusd``. Otherwise they are written as
+portable IR (widen, multiply, pick even/odd lanes with ``shufflevector``, add; ``select``) that
+LLVM compiles for any target, and often pattern-matches back into ``pmaddwd`` on SSE2. fp16 lanes
+are decoded with F16C's ``vcvtph2ps`` or a portable bit trick. Everything else is plain portable
+IR (``and``, ``lshr``, ``sitofp``, ``llvm.fmuladd``...).
 
 The choice is made once, at import, from the features of Numba's *target* (not just the host), so
 ``NUMBA_CPU_FEATURES`` / ``NUMBA_ENABLE_AVX=0`` are honoured. ``LAZYGGML_SIMD=portable`` forces the
-portable IR even on an AVX2 machine (the tests use it). Because Numba's on-disk cache key holds the
-target CPU and its features but not this module's choice, kernels built on this module pass
-``cache=simd.CACHE``: caching is simply switched off while the choice is forced.
+portable IR even on an AVX2 machine (the tests use it). Numba's on-disk cache key holds the target
+CPU and its features but not this choice, nor the other source files a kernel inlines:
+``tie_cache`` adds both.
 
 Floating-point contract: ``fma`` is ``llvm.fmuladd``, a fused multiply-add where the target has FMA
 (bit-identical to GGML's ``_mm256_fmadd_ps``) and a multiply then an add elsewhere.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils, config
+from numba.core import config
 from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic, models, register_model
 
@@ -71,12 +74,31 @@ if _REQUEST not in ("auto", "portable"):
 
 #: True when ``maddubs``/``madd`` use the AVX2 instructions directly.
 HAVE_AVX2 = _REQUEST == "auto" and "avx2" in _FEATURES
+#: True when fp16 -> fp32 lanes can use F16C's ``vcvtph2ps`` (``fpext <8 x half>``).
+HAVE_F16C = _REQUEST == "auto" and "f16c" in _FEATURES and "avx" in _FEATURES
 #: True when ``madd_acc`` can use AVX-512 VNNI's ``vpdpwssd`` on 256-bit registers.
 HAVE_VNNI = HAVE_AVX2 and "avx512vnni" in _FEATURES and "avx512vl" in _FEATURES
 #: "avx2", "avx2+vnni" or "portable": printed by benchmarks and tests.
 ISA = ("avx2+vnni" if HAVE_VNNI else "avx2") if HAVE_AVX2 else "portable"
-#: Pass as ``@njit(cache=simd.CACHE)``: the on-disk cache cannot tell a forced choice apart.
-CACHE = _REQUEST == "auto"
+def tie_cache(namespace: dict, *paths: str) -> None:
+    """Make the on-disk cache of every cached ``@njit`` function in ``namespace`` depend on the
+    source files ``paths`` and on the instruction-set choice above.
+
+    Numba keys a cached function on ITS OWN source file only: a kernel in matmul.py that inlines
+    code from vec_dot.py would otherwise keep running stale machine code after vec_dot.py changes,
+    and a cache written with ``LAZYGGML_SIMD=portable`` would be reused without it. We fold a hash
+    of the dependencies into each function's cache stamp (numba's ``IndexDataCacheFile``), so any
+    change invalidates the entry. If a future Numba renames these internals, this does nothing.
+    """
+    h = hashlib.sha256(ISA.encode())
+    for p in paths:
+        with open(p, "rb") as f:
+            h.update(f.read())
+    digest = h.hexdigest()
+    for obj in list(namespace.values()):
+        cache_file = getattr(getattr(obj, "_cache", None), "_cache_file", None)
+        if cache_file is not None and hasattr(cache_file, "_source_stamp"):
+            cache_file._source_stamp = (cache_file._source_stamp, digest)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -495,9 +517,113 @@ def madd_acc(typingctx, acc, a, b):
     return i32x8(acc, a, b), codegen
 
 
+@intrinsic
+def vabs(typingctx, a):
+    """Lane-wise absolute value of signed integers (``vpabsb``); abs(-128) stays -128 (0x80),
+    which ``maddubs`` then reads as the unsigned 128, so sign tricks stay exact."""
+    if not (isinstance(a, Vec) and a.kind == "i"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _call(builder, f"llvm.abs.{_vname(sig.args[0])}", args[0].type,
+                     [args[0], ir.Constant(ir.IntType(1), 0)])
+
+    return a(a), codegen
+
+
+@intrinsic
+def vsign(typingctx, a, b):
+    """x86 ``psignb``: per byte, ``a`` if b > 0, ``-a`` if b < 0, 0 if b == 0. With
+    ``vabs`` it turns a signed x signed byte product into the unsigned x signed one ``maddubs``
+    wants: x*y = |x| * sign(y, x)."""
+    if not (a == b and a in (i8x32, i8x16)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x, s = args
+        if HAVE_AVX2:
+            name = "llvm.x86.avx2.psign.b" if a == i8x32 else "llvm.x86.ssse3.psign.b.128"
+            return _call(builder, name, x.type, [x, s])
+        zero = ir.Constant(x.type, None)
+        neg = builder.select(builder.icmp_signed("<", s, zero), builder.sub(zero, x), x)
+        return builder.select(builder.icmp_signed("==", s, zero), zero, neg)
+
+    return a(a, b), codegen
+
+
+@intrinsic
+def dot4_acc(typingctx, acc, a, b):
+    """``acc + madd(splat_i16(1), maddubs(a, b))``: unsigned x signed bytes, 4 neighbours summed
+    into each int32 lane. One ``vpdpbusd`` with AVX-512 VNNI, otherwise the two-step form.
+    Equal as long as ``maddubs`` does not saturate (true for |a| <= 128, |b| <= 127)."""
+    if not (acc == i32x8 and a == i8x32 and b == i8x32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        s, x, y = args
+        v8 = ir.VectorType(_I32, 8)
+        if HAVE_VNNI:
+            return _call(builder, "llvm.x86.avx512.vpdpbusd.256", v8,
+                         [s, builder.bitcast(x, v8), builder.bitcast(y, v8)])
+        if HAVE_AVX2:
+            p16 = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", i16x16.llvm_type(), [x, y])
+        else:
+            wide = ir.VectorType(ir.IntType(16), 32)
+            p = builder.mul(builder.zext(x, wide), builder.sext(y, wide))
+            p16 = _even_odd_add(builder, p, 16, sat=True)
+        ones = ir.Constant(i16x16.llvm_type(), [1] * 16)
+        return builder.add(s, _madd_ir(builder, ones, p16, 8))
+
+    return i32x8(acc, a, b), codegen
+
+
 # ---------------------------------------------------------------------------------------------------
 # Float lanes
 # ---------------------------------------------------------------------------------------------------
+
+
+@intrinsic
+def f16x8_to_f32(typingctx, a):
+    """8 fp16 bit patterns (``<8 x i16>``) to 8 float32, exactly. F16C: ``vcvtph2ps``.
+    Portable: move exponent/mantissa into float32 position and rescale by 2**112 with one float
+    multiply (exact, and it also normalises fp16 subnormals); Inf/NaN get the all-ones exponent."""
+    if a != i16x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        f8 = f32x8.llvm_type()
+        if HAVE_F16C:
+            h = builder.bitcast(args[0], ir.VectorType(ir.HalfType(), 8))
+            return builder.fpext(h, f8)
+        v8 = ir.VectorType(_I32, 8)
+
+        def k(c):
+            return ir.Constant(v8, [c] * 8)
+
+        h = builder.zext(args[0], v8)
+        em = builder.and_(h, k(0x7FFF))
+        sign = builder.shl(builder.and_(h, k(0x8000)), k(16))
+        mag = builder.fmul(builder.bitcast(builder.shl(em, k(13)), f8),
+                           ir.Constant(f8, [float(2.0 ** 112)] * 8))
+        infnan = builder.bitcast(builder.or_(builder.shl(em, k(13)), k(0x7F800000)), f8)
+        mag = builder.select(builder.icmp_unsigned(">=", em, k(0x7C00)), infnan, mag)
+        return builder.bitcast(builder.or_(builder.bitcast(mag, v8), sign), f8)
+
+    return f32x8(a), codegen
+
+
+@intrinsic
+def bf16x8_to_f32(typingctx, a):
+    """8 bf16 bit patterns to 8 float32: bf16 is the top half of a float32."""
+    if a != i16x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        v8 = ir.VectorType(_I32, 8)
+        h = builder.shl(builder.zext(args[0], v8), ir.Constant(v8, [16] * 8))
+        return builder.bitcast(h, f32x8.llvm_type())
+
+    return f32x8(a), codegen
 
 
 @intrinsic
@@ -515,7 +641,14 @@ def to_f32(typingctx, a):
 
 @intrinsic
 def fma(typingctx, a, b, c):
-    """``a * b + c`` per lane: fused (one rounding, ``vfmadd``) where the target has FMA."""
+    """``a * b + c`` per lane, or on float32 scalars: fused (one rounding, ``vfmadd``) where the
+    target has FMA, as GCC contracts GGML's C. (A ``fastmath={'contract'}`` helper would not do:
+    its flags are lost when Numba inlines it into a caller compiled without them.)"""
+    if a == b == c == types.float32:
+        def codegen(context, builder, sig, args):
+            return _call(builder, "llvm.fmuladd.f32", args[0].type, list(args))
+
+        return types.float32(a, b, c), codegen
     if not (isinstance(a, Vec) and a.kind == "f" and a == b == c):
         return None
 
@@ -587,3 +720,27 @@ def lane(typingctx, a, i):
         return builder.extract_element(args[0], idx)
 
     return rt(a, i), codegen
+
+
+# ---------------------------------------------------------------------------------------------------
+# Not SIMD, but the same escape hatch: an atomic counter for dynamic scheduling
+# ---------------------------------------------------------------------------------------------------
+
+
+@intrinsic
+def fetch_add(typingctx, arr, i, v):
+    """Atomically ``old = arr[i]; arr[i] += v; return old`` on an int64 array (LLVM ``atomicrmw
+    add``, sequentially consistent). Threads of a ``prange`` loop use it to take the next task from
+    a shared counter, so a thread that runs slower (a busy core) simply takes fewer tasks."""
+    if not (_is_array(arr) and arr.dtype == types.int64 and isinstance(i, types.Integer)
+            and isinstance(v, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        idx = context.cast(builder, args[1], sig.args[1], types.int64)
+        ptr = builder.gep(ary.data, [idx])
+        val = context.cast(builder, args[2], sig.args[2], types.int64)
+        return builder.atomic_rmw("add", ptr, val, "seq_cst")
+
+    return types.int64(arr, i, v), codegen

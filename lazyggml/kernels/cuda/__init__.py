@@ -10,18 +10,7 @@ Modules: ``common`` (dp4a, warp reductions, constants), ``quantize`` (q8_1 activ
 ``mmq``, ``dequant``, ``matmul`` (float GEMM and the mul_mat dispatch), ``elementwise``, ``norm``,
 ``softmax``, ``rope``, ``rows``, ``graphs`` (CUDA graph capture), ``ops`` (the glue).
 """
-FORWARD = {}  # Op -> (fn, supports)
+from .. import KernelTable
 
-
-def _any(node):
-    return True
-
-
-def forward(*ops, supports=_any):
-    def register(fn):
-        for op in ops:
-            if op in FORWARD:
-                raise RuntimeError(f"two CUDA kernels for {op.name}")
-            FORWARD[op] = (fn, supports)
-        return fn
-    return register
+FORWARD = KernelTable("CUDA")
+forward = FORWARD.forward

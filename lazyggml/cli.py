@@ -1,0 +1,178 @@
+"""The ``lazyggml`` command line: ``demo`` and ``info``."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+_T0 = time.perf_counter()  # process start, near enough: the CLI module is imported first
+
+
+def _graph_demo(args):
+    import numpy as np
+    import lazyggml as lg
+
+    rng = np.random.default_rng(args.seed)
+    n_embd, n_ff, n_tokens = 256, 512, 8
+    print(f"lazyggml {lg.__version__}: a 2-layer SwiGLU MLP block on {n_tokens} tokens, computed on the CPU")
+
+    # weights live in their own context and buffer, marked WEIGHTS, as a model loader does
+    wctx = lg.Context()
+    w_gate = wctx.new_tensor_2d(lg.F32, n_embd, n_ff)
+    w_up = wctx.new_tensor_2d(lg.F32, n_embd, n_ff)
+    w_down = wctx.new_tensor_2d(lg.F32, n_ff, n_embd)
+    norm_w = wctx.new_tensor_1d(lg.F32, n_embd)
+    for t, name in ((w_gate, "ffn_gate"), (w_up, "ffn_up"), (w_down, "ffn_down"), (norm_w, "ffn_norm")):
+        t.name = name
+    backend = lg.backend_cpu_init()
+    wbuf = lg.alloc_ctx_tensors(wctx, backend)
+    wbuf.usage = lg.BufferUsage.WEIGHTS
+    weights = {t: rng.uniform(-1, 1, tuple(reversed(t.ne[:2]))).astype(np.float32) / np.sqrt(t.ne[0])
+               for t in (w_gate, w_up, w_down)}
+    weights[norm_w] = rng.uniform(0.5, 1.5, n_embd).astype(np.float32)
+    for t, v in weights.items():
+        lg.tensor_set(t, v)
+
+    # the graph: lazy tensors, nothing computed yet
+    ctx = lg.Context()
+    x = ctx.new_tensor_2d(lg.F32, n_embd, n_tokens)
+    x.name = "x"
+    lg.set_input(x)
+    h = lg.mul(lg.rms_norm(x, 1e-5), norm_w)
+    ff = lg.mul_mat(w_down, lg.swiglu_split(lg.mul_mat(w_gate, h), lg.mul_mat(w_up, h)))
+    out = lg.soft_max(lg.add(ff, x))
+    out.name = "out"
+    lg.set_output(out)
+    g = lg.Graph()
+    lg.build_forward_expand(g, out)
+    g.print()
+
+    galloc = lg.Gallocr(backend.get_default_buffer_type())
+    galloc.alloc_graph(g)
+    report = galloc.memory_report()
+    xv = rng.uniform(-1, 1, (n_tokens, n_embd)).astype(np.float32)
+    lg.tensor_set(x, xv)
+    for label in ("first compute (compiles kernels)", "second compute"):
+        t0 = time.perf_counter()
+        lg.backend_graph_compute(backend, g)
+        print(f"{label}: {1e3 * (time.perf_counter() - t0):.1f} ms")
+    got = lg.tensor_get(out)[0, 0]
+
+    # the same block in float64 NumPy, as the oracle
+    xd = xv.astype(np.float64)
+    hd = xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-5) * weights[norm_w]
+    gate, up = hd @ weights[w_gate].T.astype(np.float64), hd @ weights[w_up].T.astype(np.float64)
+    ffd = (gate / (1 + np.exp(-gate)) * up) @ weights[w_down].T.astype(np.float64) + xd
+    ref = np.exp(ffd - ffd.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    nmse = float(((got - ref) ** 2).sum() / (ref ** 2).sum())
+    print(f"compute buffer: {report}")
+    print(f"NMSE against float64 NumPy: {nmse:.2e}")
+    print(f"total: {time.perf_counter() - _T0:.2f} s from start")
+    return 0 if nmse < 1e-7 else 1
+
+
+def _generate(args, path=None):
+    from .models.llama import load_model
+
+    path = path or args.model
+    model = load_model(path, n_gpu_layers=args.n_gpu_layers, device=args.device, n_ctx=args.ctx_size,
+                       n_threads=args.threads, progress=sys.stderr.isatty())
+    backends = ", ".join(b.name for b in model.backends)
+    print(f"loaded {path} in {model.load_time:.2f} s: {model.hp.n_layer} layers, n_embd {model.hp.n_embd}, "
+          f"vocab {model.hp.n_vocab}; backends {backends}", file=sys.stderr)
+    stats = {}
+    sys.stdout.write(args.prompt)
+    for piece in model.generate(args.prompt, args.n_predict, temp=args.temp, top_k=args.top_k,
+                                top_p=args.top_p, seed=args.seed, stats=stats):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    print()
+    if "first_token_time" in stats:
+        print(f"first token: {stats['first_token_time'] - _T0:.2f} s")
+    print(f"prefill: {stats['n_prompt']} tokens in {stats['prefill_s']:.2f} s "
+          f"({stats['n_prompt'] / max(stats['prefill_s'], 1e-9):.1f} tokens/s)")
+    print(f"decode: {stats['n_decoded'] / max(stats['decode_s'], 1e-9):.1f} tokens/s "
+          f"({stats['n_decoded']} tokens)")
+    print(f"splits: {stats['n_splits']}")
+    return 0
+
+
+def _demo(args):
+    from .models import default_model_path
+    return _generate(args, default_model_path())
+
+
+def _info(args):
+    import lazyggml as lg
+    print(f"lazyggml {lg.__version__}")
+    for i in range(lg.dev_count()):
+        d = lg.dev_get(i)
+        free, total = d.memory()
+        buft = d.get_buffer_type()
+        print(f"  {d.name}: {d.description} ({d.type.name}); buffer type {buft.name}, alignment "
+              f"{buft.get_alignment()}, host={buft.is_host()}; memory {free >> 20}/{total >> 20} MiB free")
+    return 0
+
+
+def _warmup(args):
+    from .types import as_type
+    from .warmup import BACKEND_KINDS, warmup
+
+    def listed(text, parse):
+        return None if text is None else [parse(x.strip()) for x in text.split(",") if x.strip()]
+
+    def kind(k):
+        if k.lower() not in BACKEND_KINDS:
+            raise ValueError(f"unknown backend {k!r}; choose from {', '.join(BACKEND_KINDS)}")
+        return k.lower()
+    try:
+        kinds, types = listed(args.backend, kind), listed(args.types, as_type)
+        return warmup(kinds, types, listed(args.cases, str), args.jobs, args.check)
+    except ValueError as e:
+        print(f"lazyggml warmup: {e}", file=sys.stderr)
+        return 2
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="lazyggml", description="GGML-compatible tensor runtime")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    def sampling_args(sp, prompt, n_predict):
+        sp.add_argument("-p", "--prompt", default=prompt)
+        sp.add_argument("-n", "--n-predict", type=int, default=n_predict)
+        sp.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
+                        help="offload the last N layers (above the layer count: the output too)")
+        sp.add_argument("--device", default=None, help="device to offload to, e.g. OpenCL0 or CUDA0")
+        sp.add_argument("-c", "--ctx-size", type=int, default=None)
+        sp.add_argument("-t", "--threads", type=int, default=None)
+        sp.add_argument("--temp", type=float, default=0.8)
+        sp.add_argument("--top-k", type=int, default=40)
+        sp.add_argument("--top-p", type=float, default=0.95)
+        sp.add_argument("--seed", type=int, default=None)
+
+    d = sub.add_parser("demo", help="generate text with the embedded default model")
+    sampling_args(d, "ROMEO:", 64)
+    d.set_defaults(fn=_demo)
+    gen = sub.add_parser("generate", help="generate text with a GGUF model")
+    gen.add_argument("model")
+    sampling_args(gen, "Once upon a time", 64)
+    gen.set_defaults(fn=_generate)
+    gd = sub.add_parser("graph-demo", help="build and compute a small graph, compared with NumPy")
+    gd.add_argument("--seed", type=int, default=0)
+    gd.set_defaults(fn=_graph_demo)
+    i = sub.add_parser("info", help="list devices and buffer types")
+    i.set_defaults(fn=_info)
+    w = sub.add_parser("warmup", help="compile every kernel into the on-disk cache ahead of time")
+    w.add_argument("--backend", help="comma-separated: cpu, opencl, cuda (default: every one present)")
+    w.add_argument("--types", help="comma-separated tensor types, e.g. q4_K,q6_K (default: all)")
+    w.add_argument("--cases", help="comma-separated name patterns of the cases to run, e.g. 'mul_mat*'")
+    w.add_argument("-j", "--jobs", type=int, default=1, help="compile in this many processes")
+    w.add_argument("--check", action="store_true",
+                   help="compile nothing; exit 1 when any kernel would have to be compiled")
+    w.set_defaults(fn=_warmup)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""The LLaMA family (LLaMA 1/2/3, Mistral, TinyLlama, SmolLM): weights from GGUF, the graph, a KV cache.
+
+One forward pass over a micro-batch of tokens, as llama.cpp's ``build_llama`` builds it:
+
+    x = get_rows(token_embd, tokens)
+    for each layer:
+        h = rms_norm(x) * attn_norm
+        q, k, v = wq @ h, wk @ h, wv @ h          -> heads; rope on q and k
+        k, v written into the layer's KV cache at the tokens' cells (set_rows)
+        kq = k_cache @ q, scaled, causal-masked soft_max        (grouped-query: KV heads broadcast)
+        x = x + wo @ (v_cache @ kq)
+        h = rms_norm(x) * ffn_norm
+        x = x + w_down @ (silu(w_gate @ h) * (w_up @ h))
+    logits = output @ (rms_norm(x) * output_norm)
+
+Weights are loaded once into ``WEIGHTS`` buffers of the device that should compute with them
+(``n_gpu_layers``: the last N layers, and with N above the layer count the output too); the
+scheduler follows them. The graph of a batch shape is built once and replayed while the KV window
+(padded to ``KV_PAD`` cells) is unchanged, as llama.cpp's graph reuse does.
+"""
+from __future__ import annotations
+
+import codecs
+import logging
+import math
+import time
+
+import numpy as np
+
+from .. import ops
+from ..alloc import alloc_ctx_tensors_from_buft
+from ..backend import BufferUsage, DeviceType, dev_by_name, tensor_get, tensor_set, dev_count, dev_get
+from ..backends.cpu import backend_cpu_init, set_n_threads
+from ..graph import Graph
+from ..gguf_io import LlamaHParams, check_llama_tensors, read_gguf
+from ..sampling import Sampler
+from ..sched import Scheduler
+from ..tensor import Context, set_input, set_output
+from ..tokenizer import Tokenizer
+from ..types import Type
+
+log = logging.getLogger("lazyggml")
+
+KV_PAD = 32      # the attention window grows in steps of this many cells, so decode graphs repeat
+N_BATCH = 64     # prefill micro-batch (tokens per graph)
+
+
+def _gpu_device(name):
+    """The device to offload to: ``name`` if given, else the first GPU-class device registered."""
+    if name is not None:
+        dev = dev_by_name(name)
+        if dev is None:
+            raise ValueError(f"no device named {name!r}; see `lazyggml info`")
+        return dev
+    for i in range(dev_count()):
+        dev = dev_get(i)
+        if dev.type in (DeviceType.GPU, DeviceType.IGPU):
+            return dev
+    return None
+
+
+class LlamaModel:
+    """A loaded LLaMA-architecture GGUF model with its KV cache (``lg.load_model``)."""
+
+    def __init__(self, path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False):
+        t0 = time.perf_counter()
+        self.path = str(path)
+        self.file = read_gguf(path)
+        self.hp = hp = LlamaHParams.from_metadata(self.file.metadata, self.path)
+        infos = check_llama_tensors(hp, self.file.tensors, self.path)
+        self.tokenizer = Tokenizer(self.file.metadata, self.path)
+        self.n_ctx = min(n_ctx or hp.n_ctx_train, hp.n_ctx_train)
+        if self.n_ctx < 1:
+            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+
+        cpu = backend_cpu_init()
+        if n_threads:
+            set_n_threads(cpu, n_threads)
+        gpu_dev = _gpu_device(device) if n_gpu_layers > 0 or device is not None else None
+        if gpu_dev is not None and gpu_dev.type == DeviceType.CPU:
+            gpu_dev = None
+        if n_gpu_layers > 0 and gpu_dev is None:
+            log.warning("no GPU-class device: all layers run on the CPU")
+        self.backends = ([gpu_dev.init_backend()] if gpu_dev is not None else []) + [cpu]
+        n_gpu_layers = n_gpu_layers if gpu_dev is not None else 0
+        first_gpu = hp.n_layer - min(n_gpu_layers, hp.n_layer)
+
+        def backend_of(name):
+            """llama.cpp's placement: the input layer on the CPU, repeating layers from the end."""
+            if name.startswith("blk."):
+                return self.backends[0] if int(name.split(".")[1]) >= first_gpu else cpu
+            if name in ("output.weight", "output_norm.weight") and n_gpu_layers > hp.n_layer:
+                return self.backends[0]
+            return cpu
+
+        # weights: one no_alloc context per backend, then one WEIGHTS buffer each, filled from the map
+        self.w = {}
+        ctxs = {}
+        for name, info in infos.items():
+            b = backend_of(name)
+            ctx = ctxs.setdefault(b, Context())
+            t = ctx.new_tensor(info.type, info.ne)
+            t.name = name
+            self.w[name] = t
+        self.weight_buffers = []
+        for b, ctx in ctxs.items():
+            buf = alloc_ctx_tensors_from_buft(ctx, b.get_default_buffer_type())
+            buf.usage = BufferUsage.WEIGHTS
+            self.weight_buffers.append(buf)
+        items = list(infos.items())
+        if progress:
+            from tqdm import tqdm
+            items = tqdm(items, desc="loading", unit="tensor", leave=False)
+        for name, info in items:
+            tensor_set(self.w[name], self.file.mmap[info.offset:info.offset + info.nbytes])
+
+        # the KV cache: F16 rows of n_embd_k_gqa per cell, on the layer's device
+        kv_ctxs = {}
+        self.k_cache, self.v_cache = [], []
+        for il in range(hp.n_layer):
+            ctx = kv_ctxs.setdefault(backend_of(f"blk.{il}."), Context())
+            k = ctx.new_tensor_2d(Type.F16, hp.n_embd_k_gqa, self.n_ctx)
+            v = ctx.new_tensor_2d(Type.F16, hp.n_embd_v_gqa, self.n_ctx)
+            k.name, v.name = f"cache_k_l{il}", f"cache_v_l{il}"
+            self.k_cache.append(k)
+            self.v_cache.append(v)
+        self.kv_buffers = [alloc_ctx_tensors_from_buft(ctx, b.get_default_buffer_type())
+                           for b, ctx in kv_ctxs.items()]
+        for buf in self.kv_buffers:
+            buf.clear(0)
+
+        self.sched = Scheduler(self.backends, graph_size=32 * hp.n_layer + 64)
+        self.n_past = 0
+        self._graph = None   # (key, graph, inputs, logits) of the last built graph
+        self.load_time = time.perf_counter() - t0
+
+    # -- the graph ----------------------------------------------------------------------------------
+    def _build(self, n_tokens, n_kv, logits_all):
+        hp, w = self.hp, self.w
+        ctx = Context()
+        with ctx:
+            tokens = ctx.new_tensor_1d(Type.I32, n_tokens)
+            pos = ctx.new_tensor_1d(Type.I32, n_tokens)
+            kv_idxs = ctx.new_tensor_1d(Type.I64, n_tokens)
+            kq_mask = ctx.new_tensor_2d(Type.F32, n_kv, n_tokens)
+            for t, name in ((tokens, "inp_tokens"), (pos, "inp_pos"), (kv_idxs, "inp_kv_idxs"),
+                            (kq_mask, "inp_kq_mask")):
+                t.name = name
+                set_input(t)
+            g = Graph(self.sched.graph_size)
+            hd, n_head, n_head_kv = hp.n_embd_head_k, hp.n_head, hp.n_head_kv
+            ext_factor = 1.0 if hp.rope_scaling_type == "yarn" else 0.0
+            rope_freqs = w.get("rope_freqs.weight")
+
+            def rope(x):
+                return ops.rope_ext(x, pos, rope_freqs, hp.n_rot, ops.ROPE_TYPE_NORMAL, hp.n_ctx_orig_yarn,
+                                    hp.rope_freq_base, hp.rope_freq_scale, ext_factor, 1.0, 32.0, 1.0)
+
+            x = ops.get_rows(w["token_embd.weight"], tokens)
+            for il in range(hp.n_layer):
+                b = f"blk.{il}."
+                h = ops.mul(ops.rms_norm(x, hp.f_norm_rms_eps), w[b + "attn_norm.weight"])
+                q = rope(ops.reshape_3d(ops.mul_mat(w[b + "attn_q.weight"], h), hd, n_head, n_tokens))
+                k = rope(ops.reshape_3d(ops.mul_mat(w[b + "attn_k.weight"], h), hd, n_head_kv, n_tokens))
+                v = ops.mul_mat(w[b + "attn_v.weight"], h)
+                # write this batch's keys and values into their cache cells before attention reads them
+                kc, vc = self.k_cache[il], self.v_cache[il]
+                g.build_forward_expand(ops.set_rows(kc, ops.reshape_2d(k, hp.n_embd_k_gqa, n_tokens), kv_idxs))
+                g.build_forward_expand(ops.set_rows(vc, v, kv_idxs))
+                kv = ops.view_3d(kc, hd, n_head_kv, n_kv, kc.nb[1] // n_head_kv, kc.nb[1], 0)
+                vv = ops.view_3d(vc, hd, n_head_kv, n_kv, vc.nb[1] // n_head_kv, vc.nb[1], 0)
+                kq = ops.mul_mat(ops.permute(kv, 0, 2, 1, 3), ops.permute(q, 0, 2, 1, 3))
+                kq = ops.soft_max_ext(kq, kq_mask, 1.0 / math.sqrt(hd), 0.0)
+                vt = ops.cont(ops.permute(vv, 1, 2, 0, 3))           # [n_kv, hd, n_head_kv]
+                kqv = ops.mul_mat(vt, kq)                             # [hd, n_tokens, n_head]
+                attn = ops.cont_2d(ops.permute(kqv, 0, 2, 1, 3), hd * n_head, n_tokens)
+                x = ops.add(ops.mul_mat(w[b + "attn_output.weight"], attn), x)
+                h = ops.mul(ops.rms_norm(x, hp.f_norm_rms_eps), w[b + "ffn_norm.weight"])
+                ff = ops.swiglu_split(ops.mul_mat(w[b + "ffn_gate.weight"], h), ops.mul_mat(w[b + "ffn_up.weight"], h))
+                x = ops.add(ops.mul_mat(w[b + "ffn_down.weight"], ff), x)
+            if not logits_all:
+                x = ops.view_2d(x, hp.n_embd, 1, x.nb[1], (n_tokens - 1) * x.nb[1])
+            h = ops.mul(ops.rms_norm(x, hp.f_norm_rms_eps), w["output_norm.weight"])
+            logits = ops.mul_mat(w["output.weight"], h)
+            logits.name = "result_output"
+            set_output(logits)
+            g.build_forward_expand(logits)
+        return g, (tokens, pos, kv_idxs, kq_mask), logits
+
+    def _graph_for(self, n_tokens, n_kv, logits_all):
+        key = (n_tokens, n_kv, logits_all)
+        if self._graph is None or self._graph[0] != key:
+            self.sched.reset()
+            g, inputs, logits = self._build(n_tokens, n_kv, logits_all)
+            if not self.sched.alloc_graph(g):
+                raise RuntimeError("the scheduler could not allocate the graph")
+            self._graph = (key, g, inputs, logits)
+        return self._graph[1:]
+
+    # -- running -------------------------------------------------------------------------------------
+    def eval(self, tokens, logits_all=True):
+        """Run ``tokens`` (a list of ids) after the tokens already in the KV cache; return float32
+        logits of shape (n_tokens, n_vocab), or (1, n_vocab) for the last token when not ``logits_all``."""
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("eval: no tokens")
+        bad = [t for t in tokens if not 0 <= t < self.hp.n_vocab]
+        if bad:
+            raise ValueError(f"eval: token ids {bad[:5]} are outside the vocabulary of {self.hp.n_vocab}")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ValueError(f"eval: {self.n_past} + {len(tokens)} tokens exceed the context of {self.n_ctx}")
+        out = []
+        for i0 in range(0, len(tokens), N_BATCH):
+            batch = tokens[i0:i0 + N_BATCH]
+            last = i0 + N_BATCH >= len(tokens)
+            want_all = logits_all or not last
+            out.append(self._eval_batch(batch, want_all))
+        logits = np.concatenate(out) if logits_all else out[-1][-1:]
+        return logits
+
+    def _eval_batch(self, batch, logits_all):
+        n = len(batch)
+        n_kv = min(self.n_ctx, -(-(self.n_past + n) // KV_PAD) * KV_PAD)
+        g, (tokens, pos, kv_idxs, kq_mask), logits = self._graph_for(n, n_kv, logits_all)
+        positions = np.arange(self.n_past, self.n_past + n)
+        tensor_set(tokens, np.asarray(batch, np.int32))
+        tensor_set(pos, positions.astype(np.int32))
+        tensor_set(kv_idxs, positions.astype(np.int64))
+        # causal mask: token i sees cells 0..n_past+i
+        mask = np.where(np.arange(n_kv)[None, :] <= positions[:, None], 0.0, -np.inf).astype(np.float32)
+        tensor_set(kq_mask, mask)
+        self.sched.graph_compute(g)
+        self.n_past += n
+        return tensor_get(logits)[0, 0].copy()
+
+    def reset(self):
+        """Forget the KV cache."""
+        self.n_past = 0
+        for buf in self.kv_buffers:
+            buf.clear(0)
+
+    def tokenize(self, text, add_bos=True):
+        return self.tokenizer.tokenize(text, add_special=add_bos)
+
+    def detokenize(self, ids):
+        return self.tokenizer.detokenize(ids)
+
+    def generate(self, prompt, n_predict=32, *, temp=0.8, top_k=40, top_p=0.95, seed=None, stats=None):
+        """Yield text pieces of up to ``n_predict`` sampled tokens after ``prompt``; ``stats`` (a
+        dict) receives prefill/decode timings and token counts."""
+        sampler = Sampler(temp=temp, top_k=top_k, top_p=top_p, seed=seed)
+        ids = self.tokenize(prompt)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        t0 = time.perf_counter()
+        logits = self.eval(ids, logits_all=False)[-1]
+        t1 = time.perf_counter()
+        n_decoded = 0
+        for _ in range(n_predict):
+            tok = sampler.sample(logits)
+            if self.tokenizer.is_eog(tok):
+                break
+            piece = decoder.decode(self.tokenizer.token_to_piece(tok))
+            if stats is not None and n_decoded == 0:
+                stats["first_token_time"] = time.perf_counter()
+            if piece:
+                yield piece
+            n_decoded += 1
+            if n_decoded == n_predict or self.n_past >= self.n_ctx:
+                break
+            logits = self.eval([tok], logits_all=False)[-1]
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            yield tail
+        if stats is not None:
+            t2 = time.perf_counter()
+            stats.update(n_prompt=len(ids), prefill_s=t1 - t0, n_decoded=n_decoded,
+                         decode_s=t2 - t1, n_splits=self.sched.n_splits)
+
+
+def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False):
+    """Load a LLaMA-family GGUF file (``lg.GGUFError`` if it is malformed or unsupported)."""
+    return LlamaModel(path, n_gpu_layers=n_gpu_layers, device=device, n_ctx=n_ctx,
+                      n_threads=n_threads, progress=progress)
