@@ -103,35 +103,46 @@ def _demo(args):
     return _generate(args, default_model_path())
 
 
+def _probe_ops():
+    """One small F32 node per core op, and a mul_mat per weight type, to ask devices about."""
+    import lazyggml as lg
+    ctx = lg.Context()
+    a, b = ctx.new_tensor_2d(lg.F32, 256, 4), ctx.new_tensor_2d(lg.F32, 256, 4)
+    pos = ctx.new_tensor_1d(lg.I32, 4)
+    ops = {"add": lg.add(a, b), "mul": lg.mul(a, b), "scale": lg.scale(a, 2.0), "silu": lg.silu(a),
+           "rms_norm": lg.rms_norm(a), "soft_max": lg.soft_max(a), "swiglu": lg.swiglu(a),
+           "rope": lg.rope(lg.reshape_3d(a, 64, 4, 4), pos, 64, 0), "get_rows": lg.get_rows(a, pos),
+           "cpy f32->f16": lg.cpy(a, ctx.new_tensor_2d(lg.F16, 256, 4)), "sum_rows": lg.sum_rows(a)}
+    for t in (lg.F32, lg.F16, lg.BF16, lg.Q4_0, lg.Q8_0, lg.Q4_K, lg.Q5_K, lg.Q6_K):
+        ops[f"mul_mat {lg.type_name(t)}"] = lg.mul_mat(ctx.new_tensor_2d(t, 256, 8), a)
+    return ops
+
+
 def _info(args):
     import lazyggml as lg
     print(f"lazyggml {lg.__version__}")
+    probes = _probe_ops()
     for i in range(lg.dev_count()):
         d = lg.dev_get(i)
         free, total = d.memory()
         buft = d.get_buffer_type()
-        print(f"  {d.name}: {d.description} ({d.type.name}); buffer type {buft.name}, alignment "
-              f"{buft.get_alignment()}, host={buft.is_host()}; memory {free >> 20}/{total >> 20} MiB free")
+        print(f"{d.name}: {d.description} ({d.type.name})")
+        print(f"  buffer type {buft.name}: alignment {buft.get_alignment()}, host={buft.is_host()}; "
+              f"memory {free >> 20}/{total >> 20} MiB free")
+        print(f"  supports: {', '.join(k for k, t in probes.items() if d.supports_op(t))}")
+        missing = [k for k, t in probes.items() if not d.supports_op(t)]
+        if missing:
+            print(f"  not: {', '.join(missing)}")
     return 0
 
 
 def _warmup(args):
-    from .types import as_type
-    from .warmup import BACKEND_KINDS, warmup
+    from .warmup import warmup
 
-    def listed(text, parse):
-        return None if text is None else [parse(x.strip()) for x in text.split(",") if x.strip()]
-
-    def kind(k):
-        if k.lower() not in BACKEND_KINDS:
-            raise ValueError(f"unknown backend {k!r}; choose from {', '.join(BACKEND_KINDS)}")
-        return k.lower()
-    try:
-        kinds, types = listed(args.backend, kind), listed(args.types, as_type)
-        return warmup(kinds, types, listed(args.cases, str), args.jobs, args.check)
-    except ValueError as e:
-        print(f"lazyggml warmup: {e}", file=sys.stderr)
-        return 2
+    def split(s):
+        return [x.strip() for x in s.split(",") if x.strip()] if s else None
+    return warmup(kinds=split(args.backend), types=split(args.types), patterns=split(args.cases),
+                  jobs=args.jobs, check=args.check)
 
 
 def main(argv=None):
