@@ -14,7 +14,9 @@ How it runs (GGML's ``ggml_compute_forward_mul_mat``, reorganised):
 
 1. **Activations are converted once** to the weight type's ``vec_dot_type`` (traits.py): Q8_K for
    the K-quants, Q8_0 for Q4_0/Q8_0/Q5_0, Q8_1 for Q4_1/Q5_1, fp16- or bf16-rounded floats for
-   F16/BF16 weights. From then on a dot product is integer multiply-adds on both sides.
+   F16/BF16 weights. From then on a dot product is integer multiply-adds on both sides. For the
+   SIMD types the quantized columns are stored block-major (block i of all columns together), so
+   a tile of columns is read as one contiguous stream.
 2. **The output is cut into tasks**: a tile of ``RT`` weight rows × ``CT`` activation columns of
    one batch. Threads (Numba ``prange``, ``numba.set_num_threads``) take tasks from a shared atomic
    counter, so a core slowed down by something else just does fewer of them.
@@ -104,31 +106,47 @@ def _quantize_row(vtid, x, y):
 
 
 @_kernel
-def _quantize_rows(vtid, x4, yq, rs, r0, r1, tmp):
-    """Quantize activation rows r0..r1 (flattened over i3, i2, i1) into yq, rs bytes per row. The
-    row is first copied into the contiguous tmp, so strided x costs one gather, not a recompile."""
+def _quantize_rows(vtid, x4, yq, rs, bsz, block_major, r0, r1, tmp, rowbuf):
+    """Quantize activation rows r0..r1 (flattened over i3, i2, i1) into yq, rs bytes per row.
+
+    The row is first copied into the contiguous tmp, so strided x costs one gather, not a
+    recompile. With block_major, the blocks of a batch's ne11 columns are interleaved: column c's
+    block i lands at batch_base + (i*ne11 + c)*bsz, so the kernels that walk block i of a tile of
+    columns read one contiguous stretch of memory (hardware prefetchers follow it; 16 separate
+    column streams they follow less well)."""
     ne12, ne11 = x4.shape[1], x4.shape[2]
     for r in range(r0, r1):
         i1 = r % ne11
         i2 = (r // ne11) % ne12
         i3 = r // (ne11 * ne12)
         tmp[:] = x4[i3, i2, i1, :]
-        _quantize_row(vtid, tmp, yq[r * rs:(r + 1) * rs])
+        if not block_major:
+            _quantize_row(vtid, tmp, yq[r * rs:(r + 1) * rs])
+            continue
+        _quantize_row(vtid, tmp, rowbuf)
+        base = (r - i1) * rs + i1 * bsz
+        for i in range(rs // bsz):
+            o = base + i * ne11 * bsz
+            yq[o:o + bsz] = rowbuf[i * bsz:(i + 1) * bsz]
 
 
 @_parallel
-def _quantize_acts_par(vtid, x4, yq, rs, nth):
+def _quantize_acts_par(vtid, x4, yq, rs, bsz, block_major, nth):
     nrows = x4.shape[0] * x4.shape[1] * x4.shape[2]
     nth = min(nth, nrows)
     for th in prange(nth):
         tmp = np.empty(x4.shape[3], np.float32)
-        _quantize_rows(vtid, x4, yq, rs, th * nrows // nth, (th + 1) * nrows // nth, tmp)
+        rowbuf = np.empty(rs, np.uint8)
+        _quantize_rows(vtid, x4, yq, rs, bsz, block_major, th * nrows // nth,
+                       (th + 1) * nrows // nth, tmp, rowbuf)
 
 
 @_kernel
-def _quantize_acts(vtid, x4, yq, rs):
+def _quantize_acts(vtid, x4, yq, rs, bsz, block_major):
     tmp = np.empty(x4.shape[3], np.float32)
-    _quantize_rows(vtid, x4, yq, rs, 0, x4.shape[0] * x4.shape[1] * x4.shape[2], tmp)
+    rowbuf = np.empty(rs, np.uint8)
+    _quantize_rows(vtid, x4, yq, rs, bsz, block_major, 0, x4.shape[0] * x4.shape[1] * x4.shape[2],
+                   tmp, rowbuf)
 
 
 @_kernel
@@ -158,13 +176,16 @@ def _n_tasks(w4, dst, RT, CT):
 # ---- quantized weights with a SIMD kernel ---------------------------------------------------------
 
 @_kernel
-def _task_fast(kid, n, w4, yq, rs, ybs, dst, t, RT, CT, acc, tmp):
+def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
+    """One task of a SIMD type; yq is block-major (see _quantize_rows)."""
     j3, j2, i3, i2, r0, r1, c0, nc = _task_geometry(t, w4, dst, RT, CT)
-    yo = ((i3 * dst.shape[1] + i2) * dst.shape[2] + c0) * rs
+    ne11 = dst.shape[2]
+    yo = (i3 * dst.shape[1] + i2) * ne11 * rs + c0 * bsz
+    ybs = ne11 * bsz  # from block i to block i+1 of one column
     for r in range(r0, r1):
         x = w4[j3, j2, r]
-        if nc == 1:
-            # one column: the register-only kernel
+        if ne11 == 1:
+            # a single column (decode): the register-only kernel, contiguous blocks
             if kid == _Q4_K:
                 tmp[0] = V.dot_q4_K_q8_K(n, x, yq, yo)
             elif kid == _Q6_K:
@@ -176,21 +197,21 @@ def _task_fast(kid, n, w4, yq, rs, ybs, dst, t, RT, CT, acc, tmp):
             else:
                 tmp[0] = V.dot_q4_0_q8_0(n, x, yq, yo)
         elif kid == _Q4_K:
-            V.dot_cols_q4_K_q8_K(n, x, yq, yo, rs, ybs, nc, acc, tmp)
+            V.dot_cols_q4_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         elif kid == _Q6_K:
-            V.dot_cols_q6_K_q8_K(n, x, yq, yo, rs, ybs, nc, acc, tmp)
+            V.dot_cols_q6_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         elif kid == _Q5_K:
-            V.dot_cols_q5_K_q8_K(n, x, yq, yo, rs, ybs, nc, acc, tmp)
+            V.dot_cols_q5_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         elif kid == _Q8_0:
-            V.dot_cols_q8_0_q8_0(n, x, yq, yo, rs, ybs, nc, acc, tmp)
+            V.dot_cols_q8_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         else:
-            V.dot_cols_q4_0_q8_0(n, x, yq, yo, rs, ybs, nc, acc, tmp)
+            V.dot_cols_q4_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         for c in range(nc):
             dst[i3, i2, c0 + c, r] = tmp[c]
 
 
 @_parallel
-def _run_fast_par(kid, n, w4, yq, rs, ybs, dst, RT, CT, nth):
+def _run_fast_par(kid, n, w4, yq, rs, bsz, dst, RT, CT, nth):
     ntasks = _n_tasks(w4, dst, RT, CT)
     counter = np.zeros(1, np.int64)
     for _ in prange(min(nth, ntasks)):
@@ -198,16 +219,16 @@ def _run_fast_par(kid, n, w4, yq, rs, ybs, dst, RT, CT, nth):
         tmp = np.empty(CT, np.float32)
         t = simd.fetch_add(counter, 0, 1)
         while t < ntasks:
-            _task_fast(kid, n, w4, yq, rs, ybs, dst, t, RT, CT, acc, tmp)
+            _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp)
             t = simd.fetch_add(counter, 0, 1)
 
 
 @_kernel
-def _run_fast(kid, n, w4, yq, rs, ybs, dst, RT, CT):
+def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
     acc = np.empty(V.ACC_PER_COL * CT, np.float32)
     tmp = np.empty(CT, np.float32)
     for t in range(_n_tasks(w4, dst, RT, CT)):
-        _task_fast(kid, n, w4, yq, rs, ybs, dst, t, RT, CT, acc, tmp)
+        _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp)
 
 
 # ---- quantized weights through the reference dot products ---------------------------------------
@@ -384,22 +405,22 @@ def mul_mat(w, wtype, x, dst):
                          f"{row_size(wtype, ne10)} contiguous bytes")
     vt = VEC_DOT_TYPE[wtype]
     rs = row_size(vt, ne10)
+    bsz = _block_bytes(int(vt))
+    fast = wtype in FAST_TYPES
     yq = _scratch("yq", rs * nrows_x)
     if nrows_x > 1 and parallel:
-        _quantize_acts_par(int(vt), x, yq, rs, nth)
+        _quantize_acts_par(int(vt), x, yq, rs, bsz, fast, nth)
     else:
-        _quantize_acts(int(vt), x, yq, rs)
-    if wtype in FAST_TYPES:
-        ybs = _block_bytes(int(vt))
+        _quantize_acts(int(vt), x, yq, rs, bsz, fast)
+    if fast:
         if parallel:
-            _run_fast_par(int(wtype), ne10, w, yq, rs, ybs, dst, RT, CT, nth)
+            _run_fast_par(int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth)
         else:
-            _run_fast(int(wtype), ne10, w, yq, rs, ybs, dst, RT, CT)
+            _run_fast(int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT)
+    elif parallel:
+        _run_ref_par(int(wtype), ne10, w, yq, rs, dst, RT, CT, nth)
     else:
-        if parallel:
-            _run_ref_par(int(wtype), ne10, w, yq, rs, dst, RT, CT, nth)
-        else:
-            _run_ref(int(wtype), ne10, w, yq, rs, dst, RT, CT)
+        _run_ref(int(wtype), ne10, w, yq, rs, dst, RT, CT)
     return dst
 
 

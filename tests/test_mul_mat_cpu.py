@@ -1,0 +1,362 @@
+"""The CPU quantized matmul (kernels/cpu/matmul.py, vec_dot.py, simd.py, traits.py).
+
+Three oracles:
+* float64 NumPy of the dequantized weights: NMSE <= 5e-4 (test-backend-ops' MUL_MAT threshold) on
+  uniform [-1, 1] data;
+* GGML's own CPU mul_mat through ggml-python, same weights, same thread count: relative error
+  ||ours - ggml|| / ||ggml|| <= 1e-4 (in practice 0 for the SIMD types: bit-identical);
+* each fast ``vec_dot`` against its plain ``_ref`` on random blocks, and the portable (non-AVX2)
+  SIMD path in a subprocess with ``LAZYGGML_SIMD=portable NUMBA_ENABLE_AVX=0``.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from lazyggml.kernels.cpu import matmul as M
+from lazyggml.kernels.cpu import quant as Q
+from lazyggml.kernels.cpu import simd
+from lazyggml.kernels.cpu import vec_dot as V
+from lazyggml.kernels.cpu.traits import TYPE_TRAITS_CPU, get_type_traits_cpu
+from lazyggml.types import Type, row_size, type_size, blck_size
+
+ggml = pytest.importorskip("ggml")
+
+N_THREADS = 2
+QUANT_TYPES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K,
+               Type.Q4_K, Type.Q5_K, Type.Q6_K]
+ALL_TYPES = [Type.F32, Type.F16, Type.BF16] + QUANT_TYPES
+
+
+# ----------------------------------------------------------------------------------------------
+# GGML through ggml-python
+# ----------------------------------------------------------------------------------------------
+
+def ggml_quantize(t, a):
+    """(rows, k) float32 -> (rows, row bytes) uint8 with ggml_quantize_chunk (no imatrix)."""
+    a = np.ascontiguousarray(a, np.float32)
+    nrow, k = a.shape
+    out = np.empty(nrow * row_size(t, k), np.uint8)
+    ggml.ggml_quantize_chunk(int(t), a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                             out.ctypes.data, 0, nrow, k, None)
+    return out.reshape(nrow, -1)
+
+
+def ggml_mul_mat(w_bytes, t, x, n_threads=N_THREADS):
+    """GGML's CPU mul_mat of weights (ne03, ne02, ne01, row bytes) with x (ne13, ne12, ne11, ne10)."""
+    ne03, ne02, ne01, _ = w_bytes.shape
+    ne13, ne12, ne11, ne10 = x.shape
+    x = np.ascontiguousarray(x, np.float32)
+    w_bytes = np.ascontiguousarray(w_bytes)
+    dst_n = ne13 * ne12 * ne11 * ne01
+    mem = (w_bytes.nbytes + 3 * x.nbytes + 4 * dst_n + 16 * ggml.ggml_tensor_overhead()
+           + 2 * ggml.ggml_graph_overhead() + (16 << 20))
+    ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=False))
+    try:
+        w = ggml.ggml_new_tensor_4d(ctx, int(t), ne10, ne01, ne02, ne03)
+        assert ggml.ggml_nbytes(w) == w_bytes.nbytes
+        ctypes.memmove(ggml.ggml_get_data(w), w_bytes.ctypes.data, w_bytes.nbytes)
+        xt = ggml.ggml_new_tensor_4d(ctx, ggml.GGML_TYPE_F32, ne10, ne11, ne12, ne13)
+        ctypes.memmove(ggml.ggml_get_data(xt), x.ctypes.data, x.nbytes)
+        out = ggml.ggml_mul_mat(ctx, w, xt)
+        gf = ggml.ggml_new_graph(ctx)
+        ggml.ggml_build_forward_expand(gf, out)
+        ggml.ggml_graph_compute_with_ctx(ctx, gf, n_threads)
+        p = ctypes.cast(ggml.ggml_get_data(out), ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(p, (dst_n,)).reshape(ne13, ne12, ne11, ne01).copy()
+    finally:
+        ggml.ggml_free(ctx)
+
+
+# ----------------------------------------------------------------------------------------------
+# weights of each type: (array for mul_mat, raw bytes for GGML, float64 dequantized values)
+# ----------------------------------------------------------------------------------------------
+
+def make_weights(t, wf):
+    """wf: float32 (ne03, ne02, ne01, k)."""
+    shp, k = wf.shape[:3], wf.shape[3]
+    if t == Type.F32:
+        return wf, wf.view(np.uint8), wf.astype(np.float64)
+    if t == Type.F16:
+        h = wf.astype(np.float16)
+        return h, h.view(np.uint8), h.astype(np.float64)
+    if t == Type.BF16:
+        bits = np.empty(wf.size * 2, np.uint8)
+        Q.quantize_row_bf16(wf.reshape(-1), bits)
+        u16 = bits.view(np.uint16).reshape(wf.shape)
+        deq = (u16.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        return u16, bits.reshape(*shp, -1), deq
+    qb = ggml_quantize(t, wf.reshape(-1, k)).reshape(*shp, -1)
+    deq = np.empty(wf.size, np.float32)
+    Q.dequantize_chunk(int(t), qb.reshape(-1), deq)
+    return qb, qb, deq.reshape(wf.shape).astype(np.float64)
+
+
+def reference(deq, x):
+    """float64 GGML mul_mat semantics with broadcasting."""
+    ne03, ne02 = deq.shape[:2]
+    ne13, ne12 = x.shape[:2]
+    r2, r3 = ne12 // ne02, ne13 // ne03
+    out = np.empty(x.shape[:3] + (deq.shape[2],), np.float64)
+    for i3 in range(ne13):
+        for i2 in range(ne12):
+            out[i3, i2] = x[i3, i2].astype(np.float64) @ deq[i3 // r3, i2 // r2].T
+    return out
+
+
+def nmse(a, b):
+    return float(np.sum((a - b) ** 2) / np.sum(b ** 2))
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+# (k, m, n, (ne03, ne02), (ne13, ne12), non-contiguous x)
+CASES = [
+    (256, 16, 1, (1, 1), (1, 1), False),
+    (768, 40, 2, (1, 2), (1, 4), True),
+    (1280, 24, 3, (1, 1), (2, 1), False),
+    (256, 33, 8, (2, 1), (2, 3), True),
+    (768, 17, 17, (1, 1), (1, 1), True),
+    (256, 64, 128, (1, 1), (1, 1), False),
+]
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_mul_mat_vs_numpy_and_ggml(t):
+    rng = np.random.default_rng(int(t) + 1)
+    for k, m, n, (ne03, ne02), (ne13, ne12), noncontig in CASES:
+        wf = rng.uniform(-1, 1, (ne03, ne02, m, k)).astype(np.float32)
+        w, wbytes, deq = make_weights(t, wf)
+        if noncontig:
+            # a permuted view with padded rows: x[i3, i2, i1, :] is base[i3, i1, i2, :k]
+            base = rng.uniform(-1, 1, (ne13, n, ne12, k + 8)).astype(np.float32)
+            x = base.transpose(0, 2, 1, 3)[..., :k]
+            assert not x.flags.c_contiguous
+        else:
+            x = rng.uniform(-1, 1, (ne13, ne12, n, k)).astype(np.float32)
+        dst = np.full((ne13, ne12, n, m), np.nan, np.float32)
+        M.mul_mat(w, t, x, dst)
+        ref = reference(deq, x)
+        assert nmse(dst, ref) <= 5e-4, (t.name, k, m, n)
+        g = ggml_mul_mat(wbytes, t, x)
+        err = rel(dst, g)
+        assert err <= 1e-4, (t.name, k, m, n, err)
+        if t in (Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0) and simd.HAVE_AVX2 \
+                and "fma" in simd._FEATURES:
+            # same activation quantizer, same integer lanes, same FMA order as GGML's AVX2 code
+            assert np.array_equal(dst, g), (t.name, k, m, n, err)
+
+
+def test_mul_mat_serial_and_parallel_agree():
+    """Small products run on one thread, large ones on all: the two drivers give the same bits."""
+    rng = np.random.default_rng(7)
+    wf = rng.uniform(-1, 1, (1, 1, 64, 512)).astype(np.float32)
+    w, _, _ = make_weights(Type.Q4_K, wf)
+    x = rng.uniform(-1, 1, (1, 1, 20, 512)).astype(np.float32)
+    a = np.empty((1, 1, 20, 64), np.float32)
+    b = np.empty_like(a)
+    old = M.PARALLEL_MIN_MACS
+    try:
+        M.PARALLEL_MIN_MACS = 1 << 62
+        M.mul_mat(w, Type.Q4_K, x, a)
+        M.PARALLEL_MIN_MACS = 0
+        M.mul_mat(w, Type.Q4_K, x, b)
+    finally:
+        M.PARALLEL_MIN_MACS = old
+    assert np.array_equal(a, b)
+
+
+def test_mul_mat_rejects_bad_shapes():
+    w = np.zeros((1, 1, 4, 144), np.uint8)
+    with pytest.raises(ValueError):
+        M.mul_mat(w, Type.Q4_K, np.zeros((1, 1, 2, 512), np.float32), np.zeros((1, 1, 2, 4), np.float32))
+    with pytest.raises(ValueError):
+        M.mul_mat(w, Type.Q4_K, np.zeros((1, 1, 2, 256), np.float32), np.zeros((1, 1, 4, 2), np.float32))
+    with pytest.raises(ValueError):
+        M.mul_mat(np.zeros((1, 2, 4, 144), np.uint8), Type.Q4_K, np.zeros((1, 3, 2, 256), np.float32),
+                  np.zeros((1, 3, 2, 4), np.float32))
+
+
+# ----------------------------------------------------------------------------------------------
+# vec_dot kernels on random blocks
+# ----------------------------------------------------------------------------------------------
+
+# byte offsets of the fp16 scales in each block: random bytes there could be inf/NaN
+SCALE_OFFSETS = {Type.Q4_K: (0, 2), Type.Q5_K: (0, 2), Type.Q6_K: (208,), Type.Q8_0: (0,),
+                 Type.Q4_0: (0,), Type.Q4_1: (0, 2), Type.Q5_0: (0,), Type.Q5_1: (0, 2),
+                 Type.Q2_K: (80, 82), Type.Q3_K: (108,)}
+
+
+def random_blocks(rng, t, n):
+    nb = n // blck_size(t)
+    b = rng.integers(0, 256, (nb, type_size(t)), dtype=np.uint8)
+    for o in SCALE_OFFSETS[t]:
+        b[:, o:o + 2] = rng.uniform(-0.05, 0.05, nb).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return b.reshape(-1)
+
+
+def activation_row(rng, t, n):
+    vdt = get_type_traits_cpu(t).vec_dot_type
+    x = rng.uniform(-1, 1, n).astype(np.float32)
+    y = np.empty(row_size(vdt, n), np.uint8)
+    get_type_traits_cpu(vdt).from_float(x, y)
+    return vdt, y
+
+
+def oracle(t, vdt, n, x, y):
+    """float64 dot product of the dequantized rows."""
+    a = np.empty(n, np.float32)
+    b = np.empty(n, np.float32)
+    get_type_traits_cpu(t).to_float(x, a)
+    get_type_traits_cpu(vdt).to_float(y, b)
+    return float(np.dot(a.astype(np.float64), b.astype(np.float64))), float(np.dot(np.abs(a), np.abs(b)))
+
+
+@pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
+def test_vec_dot_fast_vs_ref(t):
+    rng = np.random.default_rng(100 + int(t))
+    tr = get_type_traits_cpu(t)
+    for n in (256, 1024, 4096):
+        for _ in range(5):
+            x = random_blocks(rng, t, n)
+            vdt, y = activation_row(rng, t, n)
+            exact, scale = oracle(t, vdt, n, x, y)
+            fast, ref = tr.vec_dot(n, x, y), tr.vec_dot_ref(n, x, y)
+            # the integer parts are exact; only float32 rounding of the per-block sums differs,
+            # plus, with Q8_1, the fp16 rounding of its stored s = d*Σq (used for the min term)
+            tol = (2e-6 if vdt != Type.Q8_1 else 1e-3) * scale + 1e-6
+            assert abs(ref - exact) <= tol, (t.name, n, ref, exact)
+            assert abs(fast - exact) <= tol, (t.name, n, fast, exact)
+
+
+@pytest.mark.parametrize("t", [Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0, Type.F16],
+                         ids=lambda t: t.name)
+def test_columns_together_equal_columns_alone(t):
+    """dot_cols_* (many columns per weight row) does, per column, exactly the arithmetic of the
+    single-column dot_*: a 5-column product equals 5 one-column products, bit for bit."""
+    rng = np.random.default_rng(200 + int(t))
+    wf = rng.uniform(-1, 1, (1, 1, 12, 1280)).astype(np.float32)
+    w, _, _ = make_weights(t, wf)
+    x = rng.uniform(-1, 1, (1, 1, 5, 1280)).astype(np.float32)
+    together = np.empty((1, 1, 5, 12), np.float32)
+    M.mul_mat(w, t, x, together)
+    for c in range(5):
+        alone = np.empty((1, 1, 1, 12), np.float32)
+        M.mul_mat(w, t, x[:, :, c:c + 1], alone)
+        assert np.array_equal(alone[0, 0, 0], together[0, 0, c]), c
+
+
+@pytest.mark.parametrize("t", [Type.F32, Type.F16, Type.BF16], ids=lambda t: t.name)
+def test_vec_dot_float(t):
+    rng = np.random.default_rng(300 + int(t))
+    tr = get_type_traits_cpu(t)
+    for n in (1, 7, 64, 100, 1000):
+        xf = rng.uniform(-1, 1, n).astype(np.float32)
+        yf = rng.uniform(-1, 1, n).astype(np.float32)
+        x = np.empty(row_size(t, n), np.uint8)
+        y = np.empty(row_size(t, n), np.uint8)
+        tr.from_float(xf, x)
+        tr.from_float(yf, y)
+        exact, scale = oracle(t, t, n, x, y)
+        assert abs(tr.vec_dot(n, x, y) - exact) <= 1e-6 * scale + 1e-7
+        assert abs(tr.vec_dot_ref(n, x, y) - exact) <= 1e-6 * scale + 1e-7
+
+
+def test_traits_table():
+    for t in ALL_TYPES:
+        tr = TYPE_TRAITS_CPU[t]
+        assert tr.type == t and tr.vec_dot is not None and tr.to_float is not None
+    assert TYPE_TRAITS_CPU[Type.Q4_K].vec_dot_type == Type.Q8_K
+    assert TYPE_TRAITS_CPU[Type.Q8_0].vec_dot_type == Type.Q8_0
+    assert TYPE_TRAITS_CPU[Type.F16].vec_dot_type == Type.F16
+
+
+# ----------------------------------------------------------------------------------------------
+# The portable path: a fresh interpreter with AVX2 (indeed all AVX) switched off
+# ----------------------------------------------------------------------------------------------
+
+_CHILD = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from lazyggml.kernels.cpu import simd, vec_dot as V, matmul as M
+    from lazyggml.kernels.cpu.traits import get_type_traits_cpu
+    from lazyggml.types import Type
+    assert simd.ISA == "portable" and not simd.HAVE_AVX2 and not simd.HAVE_F16C, simd.ISA
+    d = np.load(sys.argv[1])
+    out = {}
+    for name in ("Q4_K", "Q6_K", "Q8_0"):
+        t = Type[name]
+        tr = get_type_traits_cpu(t)
+        out[name] = float(tr.vec_dot(int(d["n"]), d[name + "_x"], d[name + "_y"]))
+    # several columns at once: Q4_K (K-quant path) and F16 (float path with fp16 decode)
+    n, nc = int(d["n"]), int(d["nc"])
+    acc = np.empty(V.ACC_PER_COL * (nc + 4), np.float32)
+    res = np.empty(nc, np.float32)
+    V.dot_cols_q4_K_q8_K(n, d["Q4_K_x"], d["ys"], n - n, int(d["rs"]), 292, nc, acc, res)
+    out["cols"] = res.tolist()
+    V.dot_cols_f16(n, d["w16"], d["yf"], n - n, 4 * n, nc, acc, res)
+    out["f16"] = res.tolist()
+    # the portable fp16 decode on all 65536 halves (subnormals, infinities, NaNs)
+    from numba import njit
+    @njit
+    def decode(h, f):
+        for i in range(0, h.size, 8):
+            simd.store_f32x8(f, 4 * i, simd.f16x8_to_f32(simd.load_i16x8(h, 2 * i)))
+    h = np.arange(65536, dtype=np.uint16)
+    f = np.empty(h.size, np.float32)
+    decode(h, f)
+    want = h.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(f), nan)
+    assert np.array_equal(f[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    print(json.dumps(out))
+""")
+
+
+def test_portable_simd_path(tmp_path):
+    rng = np.random.default_rng(9)
+    n = 512
+    data = {"n": np.int64(n)}
+    expect = {}
+    for name in ("Q4_K", "Q6_K", "Q8_0"):
+        t = Type[name]
+        x = random_blocks(rng, t, n)
+        _, y = activation_row(rng, t, n)
+        data[name + "_x"], data[name + "_y"] = x, y
+        expect[name] = float(get_type_traits_cpu(t).vec_dot(n, x, y))
+    nc = 3
+    ys = np.concatenate([activation_row(rng, Type.Q4_K, n)[1] for _ in range(nc)])
+    rs = ys.size // nc
+    expect["cols"] = [float(V.vec_dot_q4_K_q8_K(n, data["Q4_K_x"], ys[c * rs:(c + 1) * rs]))
+                      for c in range(nc)]
+    # F16 weights with subnormals and large values; activations already fp16-rounded floats
+    w16 = rng.uniform(-1, 1, n).astype(np.float16)
+    w16[:8] = np.array([6e-8, -6e-8, 1e-5, -3e-5, 0.0, -0.0, 6.5e4, -6.5e4], np.float16)
+    yf = rng.uniform(-1, 1, (nc, n)).astype(np.float16).astype(np.float32)
+    expect["f16"] = [float(np.dot(w16.astype(np.float64), yf[c].astype(np.float64))) for c in range(nc)]
+    data.update(nc=np.int64(nc), ys=ys, rs=np.int64(rs), w16=w16.view(np.uint16), yf=yf.reshape(-1))
+    np.savez(tmp_path / "in.npz", **data)
+    # its own kernel cache, so the portable build never replaces the main one
+    cache = str(tmp_path / "numba_cache")
+    env = dict(os.environ, LAZYGGML_SIMD="portable", NUMBA_ENABLE_AVX="0", NUMBA_CACHE_DIR=cache,
+               LAZYGGML_CACHE_DIR=cache)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "in.npz")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    for name in ("Q4_K", "Q6_K", "Q8_0"):
+        # integer parts are exact; float lanes may round differently without FMA hardware
+        assert abs(got[name] - expect[name]) <= 1e-5 * max(1.0, abs(expect[name])), name
+    assert np.allclose(got["cols"], expect["cols"], rtol=1e-5, atol=1e-5)
+    assert np.allclose(got["f16"], expect["f16"], rtol=1e-5, atol=1e-3)
