@@ -80,7 +80,7 @@ def _generate(args, path=None):
                        n_threads=args.threads, progress=sys.stderr.isatty())
     backends = ", ".join(b.name for b in model.backends)
     print(f"loaded {path} in {model.load_time:.2f} s: {model.hp.n_layer} layers, n_embd {model.hp.n_embd}, "
-          f"vocab {model.hp.n_vocab}; backends {backends}", file=sys.stderr)
+          f"vocab {model.hp.n_vocab}; backends {backends}")
     stats = {}
     sys.stdout.write(args.prompt)
     for piece in model.generate(args.prompt, args.n_predict, temp=args.temp, top_k=args.top_k,
@@ -162,7 +162,7 @@ def main(argv=None):
         sp.add_argument("--seed", type=int, default=None)
 
     d = sub.add_parser("demo", help="generate text with the embedded default model")
-    sampling_args(d, "ROMEO:", 64)
+    sampling_args(d, "And God said", 48)
     d.set_defaults(fn=_demo)
     gen = sub.add_parser("generate", help="generate text with a GGUF model")
     gen.add_argument("model")
