@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
@@ -27,7 +28,7 @@ def _graph_demo(args):
     backend = lg.backend_cpu_init()
     wbuf = lg.alloc_ctx_tensors(wctx, backend)
     wbuf.usage = lg.BufferUsage.WEIGHTS
-    weights = {t: rng.uniform(-1, 1, tuple(reversed(t.ne[:2]))).astype(np.float32) / np.sqrt(t.ne[0])
+    weights = {t: (rng.uniform(-1, 1, tuple(reversed(t.ne[:2]))) / np.sqrt(t.ne[0])).astype(np.float32)
                for t in (w_gate, w_up, w_down)}
     weights[norm_w] = rng.uniform(0.5, 1.5, n_embd).astype(np.float32)
     for t, v in weights.items():
@@ -139,8 +140,8 @@ def _info(args):
 def _warmup(args):
     from .warmup import warmup
 
-    def split(s):
-        return [x.strip() for x in s.split(",") if x.strip()] if s else None
+    def split(s):  # on commas, but not those inside a case name's parentheses
+        return [x.strip() for x in re.split(r",(?![^()]*\))", s) if x.strip()] if s else None
     return warmup(kinds=split(args.backend), types=split(args.types), patterns=split(args.cases),
                   jobs=args.jobs, check=args.check)
 

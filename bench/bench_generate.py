@@ -1,0 +1,432 @@
+"""Generation speed on the CPU: prefill and decode tokens/s of lazyggml, next to llama.cpp where present.
+
+    python bench/bench_generate.py                       # both models, 3 runs, the table on stdout
+    python bench/bench_generate.py --write bench/results/generate.md
+    python bench/bench_generate.py --profile 20          # also cProfile 20 lazyggml decode steps
+    chrt -r 1 python bench/bench_generate.py ...         # on a shared, loaded machine (see below)
+
+Models:
+
+* ``default``: the embedded model, ``lazyggml/data/default.gguf`` (3.7M parameters, Q4_K_M mix);
+* ``llama-125m``: a random-weight llama written by ``lazyggml.testing.make_tiny_llama`` with the
+  Q4_K_M mix (Q4_K, Q6_K): n_embd 768, 12 layers, 12 heads, 4 KV heads, n_ff 2048, n_vocab 32000
+  (76M parameters in the layers, 125M with the embeddings and the output).
+  Written once into ``--model-dir`` (a temporary folder unless given) and reused from there.
+
+Each engine loads the model once with the same context and thread count (``--threads``, 2), does
+one untimed warm-up (a 128-token prefill and 8 decode steps, so that every kernel is compiled and
+every graph shape has been seen once), then per run: reset the KV cache, prefill ``--n-prompt``
+(128) random token ids in one ``eval`` call (timed: prefill tok/s = 128 / time), then decode
+``--n-gen`` (64) random token ids one ``eval`` call each (timed together: decode tok/s = 64 / time).
+Figures are the median of ``--runs`` (3) runs. Sampling is not timed; the token ids are the same for
+both engines.
+
+* lazyggml: ``lg.load_model(path, n_ctx=..., n_threads=...)``, ``model.eval(ids, logits_all=False)``
+  (prefill goes in micro-batches of ``lazyggml.models.llama.N_BATCH`` tokens), ``model.reset()``.
+* llama.cpp: ``llama_cpp.Llama(path, n_ctx=..., n_threads=..., n_threads_batch=..., n_batch=128,
+  logits_all=False, verbose=False)`` (llama-cpp-python, optional), ``llm.eval(ids)``,
+  ``llm.reset()``. It runs in a child process (``--llama-python``: the interpreter to use; by
+  default this one if it can ``import llama_cpp``, else ``/tmp/llvenv/bin/python`` or
+  ``$LLAMA_CPP_PYTHON`` if those can) that loads the model once and answers one run per request,
+  so the two engines' runs alternate (lazyggml, llama.cpp, lazyggml, ...) and background load hits
+  both alike. Without llama-cpp-python, lazyggml is reported alone.
+
+n_ctx is ``min(512, the model's training context)`` for both (the embedded model was trained at 256).
+Ratio = lazyggml tok/s / llama.cpp tok/s (> 1: lazyggml faster). The target of issue 8 is a decode
+ratio of at least 0.5.
+
+On a shared machine with as many busy processes as cores, a descheduled worker thread stalls every
+parallel region of both engines; ``chrt -r 1`` (SCHED_RR, inherited by the llama.cpp child) keeps
+the benchmark's threads on the cores. The scheduling policy in use is printed with the results.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import lazyggml as lg  # noqa: E402
+from lazyggml.gguf_io import LlamaHParams, read_gguf  # noqa: E402
+
+N_CTX = 512
+N_WARMUP_DECODE = 8
+BIG = dict(n_layer=12, n_embd=768, n_head=12, n_head_kv=4, n_ff=2048, n_vocab=32000, n_ctx=512, seed=0)
+DEFAULT_LLAMA_PYTHONS = ("/tmp/llvenv/bin/python",)
+
+# the llama.cpp side: loads the model, warms up, then one run per "run" line on stdin, one JSON line each
+LLAMA_CPP_CHILD = r"""
+import json, sys, time
+try:
+    import llama_cpp
+except Exception as e:
+    print(json.dumps({"error": f"import llama_cpp: {e!r}"}), flush=True)
+    sys.exit(0)
+cfg = json.loads(sys.argv[1])
+llm = llama_cpp.Llama(cfg["path"], n_ctx=cfg["n_ctx"], n_threads=cfg["n_threads"],
+                      n_threads_batch=cfg["n_threads"], n_batch=cfg["n_batch"], logits_all=False,
+                      verbose=False)
+prompt, gen = cfg["prompt"], cfg["gen"]
+
+def one_run(n_gen):
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    t1 = time.perf_counter()
+    for tok in gen[:n_gen]:
+        llm.eval([tok])
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1
+
+one_run(cfg["n_warmup_decode"])
+print(json.dumps({"ready": True, "version": llama_cpp.__version__,
+                  "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}),
+      flush=True)
+for line in sys.stdin:
+    if line.strip() != "run":
+        break
+    pre, dec = one_run(len(gen))
+    print(json.dumps({"prefill_s": pre, "decode_s": dec}), flush=True)
+"""
+
+
+def can_import_llama_cpp(python):
+    try:
+        r = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def find_llama_python(explicit):
+    """The interpreter to run llama.cpp with, or None (with the reason printed)."""
+    if explicit:
+        if explicit.lower() == "none":
+            print("llama.cpp: skipped (--llama-python none)")
+            return None
+        if can_import_llama_cpp(explicit):
+            return explicit
+        print(f"llama.cpp: `import llama_cpp` fails in {explicit}; reporting lazyggml alone")
+        return None
+    try:
+        import llama_cpp  # noqa: F401
+        return sys.executable
+    except Exception as e:  # ImportError, or a broken build
+        print(f"llama.cpp: `import llama_cpp` fails in this interpreter ({sys.executable}: {e!r})")
+    for python in ([os.environ["LLAMA_CPP_PYTHON"]] if os.environ.get("LLAMA_CPP_PYTHON") else []) + \
+            list(DEFAULT_LLAMA_PYTHONS):
+        if os.path.exists(python) and can_import_llama_cpp(python):
+            print(f"llama.cpp: using llama-cpp-python from {python} in a child process")
+            return python
+    print("llama.cpp: no interpreter with llama-cpp-python found (--llama-python, $LLAMA_CPP_PYTHON, "
+          f"{', '.join(DEFAULT_LLAMA_PYTHONS)}); reporting lazyggml alone")
+    return None
+
+
+class LlamaCppChild:
+    """llama.cpp in a child process: loaded and warmed up once, one timed run per ``run()``."""
+
+    def __init__(self, python, cfg):
+        self.p = subprocess.Popen([python, "-c", LLAMA_CPP_CHILD, json.dumps(cfg)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.info = self._read()
+        if "error" in self.info:
+            raise RuntimeError(self.info["error"])
+
+    def _read(self):
+        line = self.p.stdout.readline()
+        if not line:
+            err = self.p.stderr.read()
+            raise RuntimeError(f"the llama.cpp child exited ({self.p.wait()}):\n{err[-4000:]}")
+        return json.loads(line)
+
+    def run(self):
+        self.p.stdin.write("run\n")
+        self.p.stdin.flush()
+        r = self._read()
+        return r["prefill_s"], r["decode_s"]
+
+    def close(self):
+        try:
+            self.p.stdin.write("quit\n")
+            self.p.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+
+
+class Lazyggml:
+    """lazyggml in this process, the same protocol as the llama.cpp child."""
+
+    def __init__(self, cfg):
+        self.model = lg.load_model(cfg["path"], n_ctx=cfg["n_ctx"], n_threads=cfg["n_threads"])
+        self.prompt, self.gen = cfg["prompt"], cfg["gen"]
+        self._one_run(cfg["n_warmup_decode"])
+
+    def _one_run(self, n_gen):
+        m = self.model
+        m.reset()
+        t0 = time.perf_counter()
+        m.eval(self.prompt, logits_all=False)
+        t1 = time.perf_counter()
+        for tok in self.gen[:n_gen]:
+            m.eval([tok], logits_all=False)
+        t2 = time.perf_counter()
+        return t1 - t0, t2 - t1
+
+    def run(self):
+        return self._one_run(len(self.gen))
+
+    def close(self):
+        pass
+
+
+def model_params(path):
+    f = read_gguf(path)
+    hp = LlamaHParams.from_metadata(f.metadata, str(path))
+    n = sum(int(np.prod(t.ne)) for t in f.tensors.values())
+    return hp, n
+
+
+def bench_model(name, path, args, llama_python, rows):
+    hp, n_params = model_params(path)
+    n_ctx = min(N_CTX, hp.n_ctx_train)
+    rng = np.random.default_rng(1234)
+    # ids above the usual specials (0..2) of a SentencePiece vocabulary; any id is a valid input
+    ids = rng.integers(3, hp.n_vocab, args.n_prompt + args.n_gen).tolist()
+    cfg = dict(path=str(path), n_ctx=n_ctx, n_threads=args.threads, n_batch=args.n_prompt,
+               prompt=ids[:args.n_prompt], gen=ids[args.n_prompt:], n_warmup_decode=N_WARMUP_DECODE)
+    print(f"\n{name}: {path} ({n_params / 1e6:.1f}M parameters, {hp.n_layer} layers, n_embd {hp.n_embd}, "
+          f"n_vocab {hp.n_vocab}), n_ctx {n_ctx}", flush=True)
+    engines = {}
+    t0 = time.perf_counter()
+    engines["lazyggml"] = Lazyggml(cfg)
+    print(f"  lazyggml: loaded and warmed up in {time.perf_counter() - t0:.1f} s", flush=True)
+    llama_info = None
+    if llama_python:
+        t0 = time.perf_counter()
+        try:
+            child = LlamaCppChild(llama_python, cfg)
+            engines["llama.cpp"] = child
+            llama_info = child.info
+            print(f"  llama.cpp: loaded and warmed up in {time.perf_counter() - t0:.1f} s", flush=True)
+        except RuntimeError as e:
+            print(f"  llama.cpp: failed, reporting lazyggml alone: {e}")
+    times = {e: ([], []) for e in engines}
+    try:
+        for i in range(args.runs):
+            for e, eng in engines.items():
+                time.sleep(0.3)   # let the other engine's worker threads go to sleep
+                pre, dec = eng.run()
+                times[e][0].append(pre)
+                times[e][1].append(dec)
+                print(f"  run {i + 1}/{args.runs} {e:9s}: prefill {args.n_prompt / pre:8.1f} tok/s, "
+                      f"decode {args.n_gen / dec:7.1f} tok/s", flush=True)
+    finally:
+        for eng in engines.values():
+            eng.close()
+    res = {}
+    for e, (pre, dec) in times.items():
+        res[e] = dict(prefill=args.n_prompt / statistics.median(pre), decode=args.n_gen / statistics.median(dec),
+                      prefill_runs=[args.n_prompt / t for t in pre], decode_runs=[args.n_gen / t for t in dec])
+    for e in engines:
+        r = res[e]
+        ratio = None
+        if e == "lazyggml" and "llama.cpp" in res:
+            ratio = (r["prefill"] / res["llama.cpp"]["prefill"], r["decode"] / res["llama.cpp"]["decode"])
+        rows.append(dict(model=f"{name} ({n_params / 1e6:.1f}M)", engine=e, prefill=r["prefill"],
+                         decode=r["decode"], ratio=ratio, prefill_runs=r["prefill_runs"],
+                         decode_runs=r["decode_runs"]))
+    return engines.get("lazyggml"), llama_info
+
+
+def profile_decode(path, args, n_steps):
+    """cProfile ``n_steps`` lazyggml decode steps after a 128-token prefill (the decode graph already
+    built, so no rebuild inside); (summary line, the top functions as pstats prints them)."""
+    import cProfile
+    import importlib
+    import io
+    import pstats
+    from numba.core.dispatcher import Dispatcher
+    hp, _ = model_params(path)
+    m = lg.load_model(path, n_ctx=min(N_CTX, hp.n_ctx_train), n_threads=args.threads)
+    rng = np.random.default_rng(99)
+    ids = rng.integers(3, hp.n_vocab, args.n_prompt + 1 + n_steps).tolist()
+    gen = ids[args.n_prompt + 1:]
+
+    def prefill():
+        m.reset()
+        m.eval(ids[:args.n_prompt], logits_all=False)
+        m.eval([ids[args.n_prompt]], logits_all=False)    # builds the decode graph
+
+    prefill()                                             # warm-up: compile, see the shapes
+    for tok in gen:
+        m.eval([tok], logits_all=False)
+    prefill()
+    t0 = time.perf_counter()
+    for tok in gen:
+        m.eval([tok], logits_all=False)
+    plain = (time.perf_counter() - t0) / n_steps
+    prefill()
+    pr = cProfile.Profile()
+    t0 = time.perf_counter()
+    pr.enable()
+    for tok in gen:
+        m.eval([tok], logits_all=False)
+    pr.disable()
+    prof = (time.perf_counter() - t0) / n_steps
+    st = pstats.Stats(pr)
+    # time inside Numba kernels: the entries that are Numba dispatchers of lazyggml.kernels.cpu
+    kernel_s = 0.0
+    for (file, _, func), (_, _, tt, _, _) in st.stats.items():
+        if os.sep + os.path.join("lazyggml", "kernels", "cpu") + os.sep in file:
+            mod = importlib.import_module("lazyggml.kernels.cpu." + os.path.basename(file)[:-3])
+            if isinstance(getattr(mod, func, None), Dispatcher):
+                kernel_s += tt
+    summary = (f"{n_steps} decode steps (n_kv {m._graph[0][1]}, {len(m._graph[1].nodes)} graph nodes): "
+               f"{plain * 1e3:.2f} ms/step without the profiler, {prof * 1e3:.2f} ms/step under it, "
+               f"of which {kernel_s / n_steps * 1e3:.2f} ms/step inside Numba kernels")
+    out = io.StringIO()
+    st.stream = out
+    st.sort_stats("tottime").print_stats(25)
+    return summary, out.getvalue()
+
+
+def fmt_table(rows):
+    lines = ["| model | engine | prefill tok/s | decode tok/s | ratio lazyggml/llama.cpp (prefill / decode) "
+             "| runs: prefill / decode tok/s |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        ratio = f"{r['ratio'][0]:.2f} / {r['ratio'][1]:.2f}" if r["ratio"] else ""
+        runs = (", ".join(f"{x:.0f}" for x in r["prefill_runs"]) + " / "
+                + ", ".join(f"{x:.1f}" for x in r["decode_runs"]))
+        lines.append(f"| {r['model']} | {r['engine']} | {r['prefill']:,.1f} | {r['decode']:,.1f} | {ratio} | {runs} |")
+    return "\n".join(lines)
+
+
+def cpu_model():
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def sched_policy():
+    try:
+        pol = os.sched_getscheduler(0)
+        names = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_RR: "SCHED_RR", os.SCHED_FIFO: "SCHED_FIFO"}
+        prio = os.sched_getparam(0).sched_priority
+        return f"{names.get(pol, pol)} (priority {prio})"
+    except (AttributeError, OSError):
+        return "unknown"
+
+
+def git_commit():
+    try:
+        r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return r.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+    except OSError:
+        return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-prompt", type=int, default=128)
+    ap.add_argument("--n-gen", type=int, default=64)
+    ap.add_argument("--models", default="default,llama-125m", help="comma-separated: default, llama-125m")
+    ap.add_argument("--model-dir", help="where to write (and reuse) the random 125M model")
+    ap.add_argument("--llama-python", help="interpreter with llama-cpp-python ('none' to skip llama.cpp)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also cProfile N lazyggml decode steps on the last model")
+    ap.add_argument("--write", metavar="FILE", help="also write the results as Markdown")
+    args = ap.parse_args()
+
+    load0 = os.getloadavg()[0]
+    llama_python = find_llama_python(args.llama_python)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    rows, llama_info, last_path = [], None, None
+    tmp = None
+    for name in models:
+        if name == "default":
+            path = os.path.join(ROOT, "lazyggml", "data", "default.gguf")
+        elif name == "llama-125m":
+            if args.model_dir:
+                os.makedirs(args.model_dir, exist_ok=True)
+                d = args.model_dir
+            else:
+                tmp = tmp or tempfile.TemporaryDirectory(prefix="bench_generate_")
+                d = tmp.name
+            path = os.path.join(d, "llama-125m-q4_k_m-seed{seed}.gguf".format(**BIG))
+            if not os.path.exists(path):
+                from lazyggml.testing import make_tiny_llama
+                t0 = time.perf_counter()
+                make_tiny_llama(path + ".part", **BIG)
+                os.replace(path + ".part", path)
+                print(f"wrote {path} in {time.perf_counter() - t0:.1f} s")
+        else:
+            sys.exit(f"unknown model {name!r}")
+        _, info = bench_model(name, path, args, llama_python, rows)
+        llama_info = llama_info or info
+        last_path = path
+
+    prof = None
+    if args.profile and last_path:
+        summary, text = profile_decode(last_path, args, args.profile)
+        prof = summary
+        print(f"\ncProfile of lazyggml decode on {last_path}: {summary}\n{text}")
+    if tmp is not None:
+        tmp.cleanup()
+
+    load1 = os.getloadavg()[0]
+    table = fmt_table(rows)
+    cmd = "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+    if sched_policy().startswith("SCHED_RR"):
+        cmd = f"chrt -r {os.sched_getparam(0).sched_priority} {cmd}"
+    meta = [
+        f"* date: {datetime.date.today().isoformat()}",
+        "* commit: COMMIT (the tree this table was measured on)",
+        f"* machine: {cpu_model()}, {os.cpu_count()} logical CPUs; {args.threads} threads for both engines",
+        f"* Python {platform.python_version()}, numba {__import__('numba').__version__}",
+        "* llama.cpp: " + (f"llama-cpp-python {llama_info['version']} ({llama_python}); "
+                           f"{llama_info['system_info']}" if llama_info else "not run (see the output: skipped, or "
+                           "llama-cpp-python not importable)"),
+        f"* scheduling: {sched_policy()}; load average (1 min) before/after: {load0:.2f} / {load1:.2f}",
+        f"* prefill: {args.n_prompt} random token ids in one eval; decode: {args.n_gen} single-token evals "
+        f"after it; median of {args.runs} runs, engines alternating; ratio = lazyggml tok/s / llama.cpp tok/s",
+    ]
+    if prof:
+        meta.append(f"* lazyggml decode profile (`--profile`, {os.path.basename(last_path)}): {prof}")
+    print("\n" + "\n".join(meta) + "\n\n" + table)
+    if args.write:
+        with open(args.write, "w") as f:
+            f.write("# Generation speed on the CPU: lazyggml vs llama.cpp (same run, same threads)\n\n")
+            f.write(f"Produced by `{cmd}`\n\n")
+            f.write("\n".join(meta) + "\n\n" + table + "\n")
+        print(f"\nwrote {args.write}")
+
+
+if __name__ == "__main__":
+    main()

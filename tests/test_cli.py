@@ -1,0 +1,30 @@
+"""The command line: the lines scripts read (spec api.md) and clear errors."""
+import re
+
+import pytest
+
+from lazyggml.cli import main
+
+
+def test_demo_prints_first_token_and_decode_speed(capsys):
+    assert main(["demo", "-n", "8", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^first token: \d+\.\d\d s$", out, re.M)
+    assert re.search(r"^decode: \d+\.\d tokens/s", out, re.M)
+    assert out.startswith("loaded ")
+
+
+def test_graph_demo_matches_numpy(capsys):
+    assert main(["graph-demo"]) == 0
+    assert "NMSE against float64 NumPy" in capsys.readouterr().out
+
+
+def test_info_lists_devices_and_support(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU:" in out and "mul_mat q4_K" in out
+
+
+def test_generate_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises((OSError, ValueError)):
+        main(["generate", str(tmp_path / "missing.gguf"), "-n", "1"])
