@@ -195,24 +195,32 @@ def compare(got, ref, max_nmse):
     return None if e <= max_nmse else f"NMSE {e:.3e} > {max_nmse:.1e}"
 
 
-def run_case(case, backend=None, seed=None):
+def run_case(case, backend=None, seed=None, gallocr=False):
     """Build, fill, compute on ``backend`` (default: CPU) and compare with the oracle.
 
     Returns ``"ok"``, ``"unsupported"`` (the backend rejects a node, as GGML's test skips it) or
     raises AssertionError with the seed. On the CPU backend the graph is built in a context with
     host memory; another backend gets a ``no_alloc`` context allocated with ``alloc_ctx_tensors``.
+    With ``gallocr`` the inputs are INPUT, the result OUTPUT, and ``Gallocr`` plans every tensor's
+    memory (reusing it by lifetime and in place), as a real graph runs.
     """
     backend = backend or backend_cpu_init()
     seed = SEED if seed is None else seed
     rng = np.random.default_rng(seed + zlib.crc32(case.name.encode()))
-    on_host = isinstance(backend, CPUBackend)
+    on_host = isinstance(backend, CPUBackend) and not gallocr
     ctx = lg.Context(no_alloc=not on_host)
     inputs, out = case.build(ctx)
+    if gallocr:
+        for t in inputs:
+            lg.set_input(t)
+        lg.set_output(out)
     g = lg.Graph()
     lg.build_forward_expand(g, out)
     if not all(backend.device.supports_op(n) for n in g.nodes):
         return "unsupported"
-    if not on_host:
+    if gallocr:
+        assert lg.Gallocr(backend.get_default_buffer_type()).alloc_graph(g)
+    elif not on_host:
         lg.alloc_ctx_tensors(ctx, backend)
     values, before = [], []
     for i, t in enumerate(inputs):
@@ -223,7 +231,7 @@ def run_case(case, backend=None, seed=None):
         values.append(decode(t, tensor_get(t)))  # what the kernel will see, before any in-place write
     backend.graph_compute(g)
     for t, raw in zip(inputs, before):  # GGML's sentinel idea: nothing but the result is written
-        if t is not out and t is not out.view_src:
+        if t is not out and t is not out.view_src and not gallocr:  # (the planner may reuse inputs)
             assert np.array_equal(tensor_get_bytes(t), raw), f"{case.name}: input {t.name} was modified"
     got = decode(out, tensor_get(out))
     ref = np.asarray(case.ref(*values), np.float64)
@@ -603,6 +611,12 @@ def cpu():
 @pytest.mark.parametrize("case", CASES, ids=_names)
 def test_cpu(case, cpu):
     assert run_case(case, cpu) == "ok", f"{case.name}: the CPU backend does not support it"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_names)
+def test_cpu_through_gallocr(case, cpu):
+    """The same cases with every intermediate placed by the static allocator."""
+    assert run_case(case, cpu, gallocr=True) == "ok", f"{case.name}: the CPU backend does not support it"
 
 
 def compute(cpu, build, *datas):
