@@ -184,6 +184,23 @@ def _k_lanes_ref(a, y, yo, scale_of, nsub, aux32):
 
 
 @_ref
+def _k4_block_ref(x, xo, y, yo, a, sc, mn, aux32, sums):
+    """The part of GGML's generic Q4_K/Q5_K dot products after the quants are unpacked into ``a``:
+    the scale term goes into the 8 float lanes ``sums``; the min term is returned, to subtract."""
+    _scales_mins_k4(x, xo + 4, sc, mn)
+    sumi = 0
+    for j in range(16):
+        sumi += _i16(y, yo + 260 + 2 * j) * mn[j // 2]
+    aux32[:] = 0
+    _k_lanes_ref(a, y, yo, sc, 8, aux32)
+    d = _f16(x, xo) * _f32(y, yo)
+    for l in range(8):
+        sums[l] += d * np.float32(aux32[l])
+    dmin = _f16(x, xo + 2) * _f32(y, yo)
+    return dmin * np.float32(sumi)
+
+
+@_ref
 def vec_dot_q4_K_q8_K_ref(n, x, y):
     """ggml_vec_dot_q4_K_q8_K_generic (spec §5.2)."""
     nb = n // QK_K
@@ -200,17 +217,7 @@ def vec_dot_q4_K_q8_K_ref(n, x, y):
                 q = _u8(x, xo + 16 + 32 * j + l)
                 a[64 * j + l] = q & 0xF
                 a[64 * j + 32 + l] = q >> 4
-        _scales_mins_k4(x, xo + 4, sc, mn)
-        sumi = 0
-        for j in range(16):
-            sumi += _i16(y, yo + 260 + 2 * j) * mn[j // 2]
-        aux32[:] = 0
-        _k_lanes_ref(a, y, yo, sc, 8, aux32)
-        d = _f16(x, xo) * _f32(y, yo)
-        for l in range(8):
-            sums[l] += d * np.float32(aux32[l])
-        dmin = _f16(x, xo + 2) * _f32(y, yo)
-        sumf -= dmin * np.float32(sumi)
+        sumf -= _k4_block_ref(x, xo, y, yo, a, sc, mn, aux32, sums)
     for l in range(8):
         sumf += sums[l]
     return sumf
@@ -234,17 +241,7 @@ def vec_dot_q5_K_q8_K_ref(n, x, y):
                 h = _u8(x, xo + 16 + l)
                 a[64 * j + l] = (q & 0xF) + (16 if (h >> (2 * j)) & 1 else 0)
                 a[64 * j + 32 + l] = (q >> 4) + (16 if (h >> (2 * j + 1)) & 1 else 0)
-        _scales_mins_k4(x, xo + 4, sc, mn)
-        sumi = 0
-        for j in range(16):
-            sumi += _i16(y, yo + 260 + 2 * j) * mn[j // 2]
-        aux32[:] = 0
-        _k_lanes_ref(a, y, yo, sc, 8, aux32)
-        d = _f16(x, xo) * _f32(y, yo)
-        for l in range(8):
-            sums[l] += d * np.float32(aux32[l])
-        dmin = _f16(x, xo + 2) * _f32(y, yo)
-        sumf -= dmin * np.float32(sumi)
+        sumf -= _k4_block_ref(x, xo, y, yo, a, sc, mn, aux32, sums)
     for l in range(8):
         sumf += sums[l]
     return sumf
