@@ -25,7 +25,7 @@ enqueues a marker, ``event_wait`` a barrier on it, ``synchronize`` is ``queue.fi
 Kernels. The ``.cl`` files in ``lazyggml.kernels.opencl`` are joined into one program, built once
 per device. PoCL caches what it compiles (``POCL_CACHE_DIR``, set here to ``<cache>/pocl`` unless
 already set, before PoCL loads); other drivers use pyopencl's binary cache in ``<cache>/opencl``;
-``<cache>`` is ``LAZYGGML_CACHE_DIR`` or the user cache directory. ``supports_op`` claims exactly
+``<cache>`` is lazyggml's kernel cache directory (``lazyggml/cache.py``). ``supports_op`` claims exactly
 the (op, types, layout) combinations in ``_FORWARD`` below; the scheduler sends the rest to the CPU.
 """
 from __future__ import annotations
@@ -70,12 +70,9 @@ ROW_LANES = 64      # lanes per row for the row kernels, at most
 
 
 def cache_dir(kind):
-    """``<LAZYGGML_CACHE_DIR or the user cache dir>/<kind>``, created."""
-    root = os.environ.get("LAZYGGML_CACHE_DIR")
-    if not root:
-        import platformdirs  # a dependency of pyopencl, so there when this runs
-        root = platformdirs.user_cache_dir("lazyggml")
-    path = os.path.join(root, kind)
+    """``<lazyggml's kernel cache>/<kind>`` (``lazyggml.cache``: versioned), created."""
+    from .. import cache
+    path = os.path.join(cache.cache_dir(), kind)
     os.makedirs(path, exist_ok=True)
     return path
 
