@@ -51,7 +51,7 @@ class Tensor:
     """One GGML tensor. Create them through a ``Context`` or an op, not directly."""
 
     __slots__ = ("ctx", "type", "ne", "nb", "op", "op_params", "flags", "src", "view_src",
-                 "view_offs", "_name", "buffer", "offset", "extra", "__weakref__")
+                 "view_offs", "_name", "buffer", "offset", "extra", "host_view_cache", "__weakref__")
 
     def __init__(self, ctx, type_, ne, nb=None, view_src=None, view_offs=0):
         from .ops import Op  # the op table lives with the ops
@@ -70,6 +70,7 @@ class Tensor:
         # an allocated root gives its views an address at once (GGML sets view->data here)
         self.offset = None if view_src is None or view_src.offset is None else view_src.offset + view_offs
         self.extra = None  # per-backend data (GGML's tensor->extra)
+        self.host_view_cache = None  # (memory, offset, NumPy view): see backend.host_view
 
     # -- names ---------------------------------------------------------------------------------
     @property

@@ -144,3 +144,23 @@ def test_context_memory_limit():
     ctx.new_tensor_1d(F32, 8)
     with pytest.raises(ValueError, match="not enough space"):
         ctx.new_tensor_1d(F32, 16)
+
+
+def test_host_view_follows_the_tensor_when_it_moves():
+    """backend.host_view keeps the last view on the tensor; moving the tensor must not reuse it."""
+    import numpy as np
+    from lazyggml.backend import host_view, tensor_alloc
+    from lazyggml.backends.cpu import cpu_buffer_type
+
+    ctx = lg.Context()
+    t = ctx.new_tensor_1d(lg.F32, 8)
+    buf1, buf2 = cpu_buffer_type().alloc_buffer(64), cpu_buffer_type().alloc_buffer(128)
+    tensor_alloc(buf1, t, 0)
+    assert host_view(t) is host_view(t)
+    t.buffer, t.offset = None, None
+    tensor_alloc(buf2, t, 32)
+    host_view(t)[...] = 7.0
+    assert np.all(buf2.data[32:64].view(np.float32) == 7.0) and not buf1.data.any()
+    buf2.free()
+    with pytest.raises(ValueError):
+        host_view(t)[...] = 1.0   # freed memory: a fresh (empty) array, not the old view

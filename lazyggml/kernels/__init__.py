@@ -1,4 +1,5 @@
 """Kernels, one package per backend: ``cpu`` (Numba @njit), ``cuda`` (@cuda.jit), ``opencl`` (.cl)."""
+import weakref
 
 
 def _any(node):
@@ -15,6 +16,7 @@ class KernelTable(dict):
     def __init__(self, backend):
         super().__init__()
         self.backend = backend
+        self._runnable = weakref.WeakKeyDictionary()  # graph -> (its nodes, their kernels)
 
     def forward(self, *ops, supports=_any):
         def register(fn):
@@ -32,7 +34,12 @@ class KernelTable(dict):
     def runnable(self, g):
         """``(fn, node)`` for each node of ``g`` a backend must run, in order. As in GGML, empty ops
         (NONE and the view ops), nodes without COMPUTE (unselected branches) and empty tensors
-        are skipped; a node this table cannot run is an error that names it."""
+        are skipped; a node this table cannot run is an error that names it. A graph computed
+        again with the same nodes (a decode step) reuses the answer."""
+        nodes = tuple(g.nodes)
+        cached = self._runnable.get(g)
+        if cached is not None and cached[0] == nodes:
+            return cached[1]
         from ..ops import EMPTY_OPS, op_desc
         from ..tensor import FLAG_COMPUTE
         out = []
@@ -44,4 +51,5 @@ class KernelTable(dict):
                 raise ValueError(f"{self.backend} backend: {op_desc(node)} is not supported for "
                                  f"'{node.name}' ({srcs})")
             out.append((self[node.op][0], node))
+        self._runnable[g] = (nodes, out)
         return out
