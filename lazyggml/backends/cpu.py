@@ -21,11 +21,7 @@ from ..kernels.cpu import FORWARD
 _KERNEL_MODULES = ("elementwise", "reduce", "norm", "softmax", "rope", "rows", "copy", "shape", "matmul")
 
 for _m in _KERNEL_MODULES:
-    try:
-        importlib.import_module(f"..kernels.cpu.{_m}", __package__)
-    except ModuleNotFoundError as e:  # a kernel family still being written
-        if e.name != f"lazyggml.kernels.cpu.{_m}":
-            raise
+    importlib.import_module(f"..kernels.cpu.{_m}", __package__)
 
 
 class CPUBufferType(BufferType):
