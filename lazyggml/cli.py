@@ -73,15 +73,36 @@ def _graph_demo(args):
     return 0 if nmse < 1e-7 else 1
 
 
+def _placement(model):
+    """Where the layers went, e.g. ``CUDA0 0-6, CUDA1 7-11, output CUDA1``."""
+    runs = []   # [backend name, first layer, last layer]
+    for il, b in enumerate(model.layer_backends[:-1]):
+        if runs and runs[-1][0] == b.name:
+            runs[-1][2] = il
+        else:
+            runs.append([b.name, il, il])
+    parts = [f"{name} {a}" if a == z else f"{name} {a}-{z}" for name, a, z in runs]
+    return ", ".join(parts + [f"output {model.layer_backends[-1].name}"])
+
+
+def _ratios(text):
+    """``--tensor-split 3,1`` (llama.cpp also takes ``3/1``)."""
+    try:
+        return [float(x) for x in re.split(r"[,/]", text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+
+
 def _generate(args, path=None):
     from .models.llama import load_model
 
     path = path or args.model
     model = load_model(path, n_gpu_layers=args.n_gpu_layers, device=args.device, n_ctx=args.ctx_size,
-                       n_threads=args.threads, progress=sys.stderr.isatty())
+                       n_threads=args.threads, progress=sys.stderr.isatty(), tensor_split=args.tensor_split)
     backends = ", ".join(b.name for b in model.backends)
     print(f"loaded {path} in {model.load_time:.2f} s: {model.hp.n_layer} layers, n_embd {model.hp.n_embd}, "
           f"vocab {model.hp.n_vocab}; backends {backends}")
+    print(f"layers: {_placement(model)}")
     stats = {}
     sys.stdout.write(args.prompt)
     for piece in model.generate(args.prompt, args.n_predict, temp=args.temp, top_k=args.top_k,
@@ -154,7 +175,10 @@ def main(argv=None):
         sp.add_argument("-n", "--n-predict", type=int, default=n_predict)
         sp.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
                         help="offload the last N layers (above the layer count: the output too)")
-        sp.add_argument("--device", default=None, help="device to offload to, e.g. OpenCL0 or CUDA0")
+        sp.add_argument("--device", default=None,
+                        help="devices to offload to, comma-separated, e.g. CUDA0,CUDA1 (default: every GPU)")
+        sp.add_argument("-ts", "--tensor-split", default=None, type=_ratios,
+                        help="share of the offloaded layers per device, e.g. 3,1 (default: by free memory)")
         sp.add_argument("-c", "--ctx-size", type=int, default=None)
         sp.add_argument("-t", "--threads", type=int, default=None)
         sp.add_argument("--temp", type=float, default=0.8)
@@ -183,7 +207,12 @@ def main(argv=None):
                    help="compile nothing; exit 1 when any kernel would have to be compiled")
     w.set_defaults(fn=_warmup)
     args = p.parse_args(argv)
-    return args.fn(args)
+    from .gguf_io import GGUFError
+    try:
+        return args.fn(args)
+    except (ValueError, GGUFError) as e:   # bad input: say what, without a traceback
+        print(f"lazyggml: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Test fixtures: a tiny random-weight llama GGUF file that llama.cpp itself can load.
+"""Test fixtures: a tiny random-weight llama GGUF file that llama.cpp itself can load, and stand-in
+GPU devices (``StandInDevice``) for multi-device code on machines without GPUs.
 
 ``make_tiny_llama(path)`` writes, with ``gguf.GGUFWriter``:
 
@@ -29,6 +30,8 @@ import gguf
 import numpy as np
 
 from . import quants
+from .backend import BufferType, DeviceType, Status
+from .backends.cpu import CPUBackend, CPUDevice
 from .tokenizer import BYTE_TO_UNICODE, SPIECE_UNDERLINE, TokenType, byte_encode, pre_tokenize
 from .types import QK_K, Type, as_type, blck_size, type_name
 
@@ -265,3 +268,69 @@ def make_tiny_llama(path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=1
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# -- stand-in devices: multi-device code paths on a machine without GPUs ----------------------------
+class StandInBufferType(BufferType):
+    """Host memory that claims not to be, so every transfer to or from it is a real copy."""
+
+
+class StandInDevice(CPUDevice):
+    """A GPU-class device that runs the CPU kernels on buffers of its own.
+
+    ``deferred=True`` makes its backend asynchronous in earnest (``graph_compute`` queues,
+    ``synchronize`` runs) and gives it events, so a missing wait shows up as stale data and the
+    scheduler's pipeline-parallel path runs. ``free_memory`` is what ``memory()`` reports (0: unknown),
+    for the layer split by free memory."""
+
+    def __init__(self, name, deferred=False, free_memory=0):
+        super().__init__()
+        self.name, self.description, self.type = name, f"stand-in {name}", DeviceType.GPU
+        self._buft = StandInBufferType(f"{name}_buf", self, 32, host=False)
+        self.deferred, self.free_memory = deferred, free_memory
+
+    def memory(self):
+        return self.free_memory, self.free_memory
+
+    def supports_buft(self, buft):
+        return buft is self._buft
+
+    def init_backend(self):
+        return DeferredBackend(self) if self.deferred else CPUBackend(self)
+
+    def event_new(self):
+        return StandInEvent(self) if self.deferred else None
+
+    def event_synchronize(self, event):
+        if event.backend is not None:
+            event.backend.synchronize()
+
+
+class StandInEvent:
+    def __init__(self, device):
+        self.device = device
+        self.backend = None   # the backend whose queue the event was last recorded on
+
+
+class DeferredBackend(CPUBackend):
+    """A CPU backend that computes only when synchronized (see ``StandInDevice``)."""
+
+    def __init__(self, device):
+        super().__init__(device)
+        self.queue = []
+
+    def graph_compute(self, g):
+        self.queue.append(g)
+        return Status.SUCCESS
+
+    def synchronize(self):
+        while self.queue:
+            super().graph_compute(self.queue.pop(0))
+
+    def event_record(self, event):
+        event.backend = self
+
+    def event_wait(self, event):
+        # the other backend's queued work must come first; it may as well run now
+        if event.backend is not None and event.backend is not self:
+            event.backend.synchronize()

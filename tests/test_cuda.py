@@ -5,8 +5,8 @@
 this module has two faces, picked by ``LAZYGGML_CUDA_TEST_CHILD``:
 
 * in the normal run, ``test_simulator`` starts ``python -m pytest tests/test_cuda.py`` in a child
-  with ``NUMBA_ENABLE_CUDASIM=1`` and ``LAZYGGML_CUDA_SIM=1`` (the backend then offers one
-  simulated device, ``CUDA0``) and fails with the child's report when a child test fails; the
+  with ``NUMBA_ENABLE_CUDASIM=1`` and ``LAZYGGML_CUDA_SIM=2`` (the backend then offers two
+  simulated devices, ``CUDA0`` and ``CUDA1``) and fails with the child's report when a child test fails; the
   ``test_gpu_*`` tests run here too, and skip, saying so, when no GPU is present;
 * in the child, the ``test_sim_*`` tests: each kernel on shapes of one to four CUDA blocks (the
   simulator runs every thread as a Python thread, about 2 ms each), compared with NumPy.
@@ -156,7 +156,7 @@ def q4_K_mins(wb, k):
 if not CHILD:
     def test_simulator():
         """All ``test_sim_*`` tests, in a child process with the CUDA simulator on."""
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", LAZYGGML_CUDA_SIM="1", LAZYGGML_CUDA_TEST_CHILD="1",
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", LAZYGGML_CUDA_SIM="2", LAZYGGML_CUDA_TEST_CHILD="1",
                    PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
         env.pop("LAZYGGML_DISABLE_CUDA", None)
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__],
@@ -263,7 +263,7 @@ if CHILD:
 
     def test_sim_registry_and_buffers(be):
         reg = registry()
-        assert reg.name == "CUDA" and [d.name for d in reg.devices] == ["CUDA0"]
+        assert reg.name == "CUDA" and [d.name for d in reg.devices] == ["CUDA0", "CUDA1"]
         assert lg.reg_get(0) is reg                      # CUDA registers first
         dev = reg.devices[0]
         assert dev.type == lg.DeviceType.GPU and "simulator" in dev.description
@@ -302,6 +302,34 @@ if CHILD:
         out = be.get_tensor_async(b, 0, b.nbytes())
         be.synchronize()
         assert np.array_equal(out.view(np.float32), v)
+
+    def test_sim_two_devices_split_a_graph(be, rng):
+        """Weights on CUDA0 and CUDA1: the scheduler runs one split per GPU, pipeline-parallel (4
+        copy slots, events), copying the hidden state from one GPU's buffer to the other's; three
+        graphs in a row give NumPy's results."""
+        b1, cpu = lg.backend_init_by_name("CUDA1"), lg.backend_cpu_init()
+        w = {}
+        for name, backend in (("w0", be), ("w1", b1)):
+            ctx = lg.Context()
+            w[name] = ctx.new_tensor_1d(lg.F32, 64)
+            alloc_ctx_tensors(ctx, backend).usage = lg.BufferUsage.WEIGHTS
+            lg.tensor_set(w[name], rng.standard_normal(64).astype(np.float32))
+        w0, w1 = (lg.tensor_get(w[n]).ravel() for n in ("w0", "w1"))
+        s = lg.Scheduler([be, b1, cpu], parallel=True)
+        for _ in range(3):
+            s.reset()
+            ctx = lg.Context()
+            x = ctx.new_tensor_2d(lg.F32, 64, 2)
+            lg.set_input(x)
+            out = lg.mul(lg.add(x, w["w0"]), w["w1"])
+            g = lg.Graph()
+            lg.build_forward_expand(g, out)
+            assert s.alloc_graph(g)
+            xv = rng.standard_normal((2, 64)).astype(np.float32)
+            lg.tensor_set(x, xv)
+            s.graph_compute(g)
+            assert [sp.backend_id for sp in s.splits] == [0, 1]
+            assert np.array_equal(lg.tensor_get(out)[0, 0], (xv + w0) * w1)
 
     def test_sim_quantize_q8_1(be, rng):
         """Bit-exact quants and scales (a row of 40 values: padded to 512, 2 blocks of 256 threads)."""

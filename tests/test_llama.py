@@ -177,3 +177,53 @@ def test_bad_input_is_a_clear_error(tiny):
         lg.load_model(path, n_gpu_layers=1, device="NoSuchDevice")
     with pytest.raises(lg.GGUFError):
         lg.load_model(__file__)
+
+
+# -- several devices: llama.cpp's layer split and pipeline parallelism ------------------------------
+def test_split_layers_follows_llama_cpp():
+    from lazyggml.models.llama import split_layers
+    from lazyggml.testing import StandInDevice
+    d = [StandInDevice("DEV0"), StandInDevice("DEV1")]
+    # 12 layers + the output over two equal devices: positions il/13 below 0.5 go to the first
+    assert split_layers(12, 99, d) == [0] * 7 + [1] * 6
+    assert split_layers(12, 99, d, tensor_split=[3, 1]) == [0] * 10 + [1] * 3
+    assert split_layers(12, 99, d, tensor_split=[0, 1]) == [1] * 13
+    # the last 4 repeating layers only; the output stays on the CPU
+    assert split_layers(12, 4, d) == [None] * 8 + [0, 0, 1, 1, None]
+    assert split_layers(12, 0, d) == [None] * 13
+    assert split_layers(12, 99, []) == [None] * 13
+    # by free memory when no ratios are given
+    m = [StandInDevice("DEV0", free_memory=1 << 30), StandInDevice("DEV1", free_memory=3 << 30)]
+    assert split_layers(3, 4, m) == [0, 1, 1, 1]
+    for bad in ([1], [1, -1], [0, 0]):
+        with pytest.raises(ValueError, match="tensor_split"):
+            split_layers(12, 99, d, tensor_split=bad)
+
+
+@pytest.fixture(scope="module")
+def two_layer_model(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("llama2") / "m.gguf")
+    make_tiny_llama(path, n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=300,
+                    n_ctx=256, seed=SEED)
+    return path
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_logits_split_over_two_devices(two_layer_model, deferred):
+    """Layers and output on two stand-in GPUs (asynchronous ones: with events, so the scheduler
+    runs pipeline-parallel with 4 copy slots) give the CPU's logits, for a prompt of several
+    micro-batches whose early batches are queued without waiting, and then token by token."""
+    from lazyggml.models.llama import N_BATCH
+    from lazyggml.testing import StandInDevice
+    toks = _tokens(N_BATCH * 2 + 20, 300, SEED + 11)
+    cpu = lg.load_model(two_layer_model)
+    ref = [cpu.eval(toks, logits_all=False)] + [cpu.eval([t]) for t in toks[:3]]
+    devs = [StandInDevice("DEV0", deferred), StandInDevice("DEV1", deferred)]
+    model = lg.load_model(two_layer_model, n_gpu_layers=3, device=devs)
+    assert [b.name for b in model.backends] == ["DEV0", "DEV1", "CPU"]
+    assert [b.name for b in model.layer_backends] == ["DEV0", "DEV0", "DEV1"]   # 0, 1/3 | 2/3
+    assert model.sched.n_copies == (4 if deferred else 1)
+    got = [model.eval(toks, logits_all=False)] + [model.eval([t]) for t in toks[:3]]
+    assert model.sched.n_splits == 3   # CPU (embeddings) -> DEV0 -> DEV1
+    for g, r in zip(got, ref):
+        assert _nmse(g, r) < 1e-6

@@ -17,9 +17,10 @@ import pytest
 import lazyggml as lg
 from lazyggml.alloc import alloc_ctx_tensors_from_buft
 from lazyggml.backend import Backend, BufferType, BufferUsage, Device, DeviceType, Status
-from lazyggml.backends.cpu import CPUBackend, CPUDevice, cpu_device
+from lazyggml.backends.cpu import cpu_device
 from lazyggml.ops import Op
 from lazyggml.sched import Scheduler, fmt_size
+from lazyggml.testing import StandInDevice
 
 GPU_T, CPU_T, ACCEL_T = DeviceType.GPU, DeviceType.CPU, DeviceType.ACCEL
 IO = lg.FLAG_INPUT | lg.FLAG_OUTPUT
@@ -767,43 +768,6 @@ def test_to_dot_draws_splits_and_copies(tmp_path):
 
 
 # -- real computation: the CPU backend and a second CPU-backed device with its own memory ---------------------------
-class DevBufferType(BufferType):
-    """NumPy memory that claims not to be host memory, so every transfer is a real copy."""
-
-
-class DevDevice(CPUDevice):
-    """A "GPU" that runs the CPU kernels on its own, non-host buffers."""
-
-    def __init__(self, name, deferred=False):
-        super().__init__()
-        self.name, self.description, self.type = name, name, DeviceType.GPU
-        self._buft = DevBufferType(f"{name}_buf", self, 32, host=False)
-        self.deferred = deferred
-
-    def supports_buft(self, buft):
-        return buft is self._buft
-
-    def init_backend(self):
-        return DeferredBackend(self) if self.deferred else CPUBackend(self)
-
-
-class DeferredBackend(CPUBackend):
-    """Asynchronous in earnest: ``graph_compute`` queues the work and ``synchronize`` runs it, so a
-    missing synchronization shows up as stale data."""
-
-    def __init__(self, device):
-        super().__init__(device)
-        self.queue = []
-
-    def graph_compute(self, g):
-        self.queue.append(g)
-        return Status.SUCCESS
-
-    def synchronize(self):
-        while self.queue:
-            super().graph_compute(self.queue.pop(0))
-
-
 RNG = np.random.default_rng(0)
 
 
@@ -852,7 +816,7 @@ def test_mlp_matches_cpu_alone(placement):
     ref = run_graph(Scheduler([cpu]), lambda: _mlp_build(ref_w), {"x": x})
     np.testing.assert_allclose(ref, expected, rtol=1e-4, atol=1e-4)
 
-    dev = DevDevice("DEV").init_backend()
+    dev = StandInDevice("DEV").init_backend()
     w = mlp_weights(PLACEMENTS[placement](dev, cpu))
     fill_weights(w, values)
     s = Scheduler([dev, cpu])
@@ -864,7 +828,7 @@ def test_mlp_matches_cpu_alone(placement):
 def test_mlp_over_three_devices_matches_cpu_alone():
     values, x, expected = mlp_case()
     cpu = cpu_device().init_backend()
-    d0, d1 = DevDevice("DEV0").init_backend(), DevDevice("DEV1").init_backend()
+    d0, d1 = StandInDevice("DEV0").init_backend(), StandInDevice("DEV1").init_backend()
     w = mlp_weights([d0, d1, cpu, d0])
     fill_weights(w, values)
     s = Scheduler([d0, d1, cpu])
@@ -940,7 +904,7 @@ def test_transformer_block_matches_cpu_alone(placement):
     ref = run_graph(Scheduler([cpu]), lambda: block_build(ref_w), inputs)
     assert np.isfinite(ref).all()
 
-    dev = DevDevice("DEV").init_backend()
+    dev = StandInDevice("DEV").init_backend()
     where_ = BLOCK_PLACEMENTS[placement](dev, cpu)
     w = weights([(n, ne, b) for (n, ne), b in zip(BLOCK_WEIGHTS, where_)])
     fill_weights(w, values)
@@ -953,7 +917,7 @@ def test_transformer_block_matches_cpu_alone(placement):
 
 def test_parallel_never_returns_stale_data():
     cpu = cpu_device().init_backend()
-    dev = DevDevice("DEV", deferred=True).init_backend()
+    dev = StandInDevice("DEV", deferred=True).init_backend()
     values, _, _ = mlp_case()
     w = mlp_weights([dev, cpu, dev, cpu])
     fill_weights(w, values)

@@ -2,8 +2,8 @@
 
 **Devices.** ``registry()`` finds the GPUs through numba-cuda and names them ``CUDA0``, ``CUDA1``...;
 it returns None when numba-cuda is missing or no GPU answers. Under numba-cuda's simulator
-(``NUMBA_ENABLE_CUDASIM=1`` before numba is imported) it offers one simulated device, but only
-when ``LAZYGGML_CUDA_SIM=1`` asks for it: the simulator is for tests, never a default device.
+(``NUMBA_ENABLE_CUDASIM=1`` before numba is imported) it offers simulated devices, but only when
+``LAZYGGML_CUDA_SIM=N`` asks for N of them: the simulator is for tests, never a default device.
 
 **Memory.** A buffer is one device array of bytes; a tensor lives at its byte ``offset`` in it. A
 kernel gets *flat views* of tensors (``view(t, dtype)``: the tensor's span, reinterpreted) plus
@@ -81,29 +81,36 @@ class CUDABuffer(Buffer):
             self._views[key] = v = v if cols is None else v.reshape(v.size // cols, cols)
         return v
 
+    # host <-> device through the legacy default stream of this buffer's GPU (made current: with
+    # several GPUs another may be)
     def set_tensor(self, t, data, offset, size):
         start = t.offset + offset
-        self.dev[start:start + size].copy_to_device(np.ascontiguousarray(data[:size]))
+        with self.buft.device.context():
+            self.dev[start:start + size].copy_to_device(np.ascontiguousarray(data[:size]))
 
     def get_tensor(self, t, offset, size):
         start = t.offset + offset
-        return self.dev[start:start + size].copy_to_host()
+        with self.buft.device.context():
+            return self.dev[start:start + size].copy_to_host()
 
     def memset_tensor(self, t, value, offset, size):
         start = t.offset + offset
-        self.dev[start:start + size].copy_to_device(np.full(size, value, np.uint8))
+        with self.buft.device.context():
+            self.dev[start:start + size].copy_to_device(np.full(size, value, np.uint8))
 
     def cpy_tensor(self, src, dst):
         sbuf = src.data_buffer()
-        if not isinstance(sbuf, CUDABuffer):
-            return False
+        if not isinstance(sbuf, CUDABuffer) or sbuf.buft is not self.buft:
+            return False   # another GPU's buffer: the generic path copies through the host
         n = src.nbytes()
-        self.dev[dst.offset:dst.offset + n].copy_to_device(sbuf.dev[src.offset:src.offset + n])
+        with self.buft.device.context():
+            self.dev[dst.offset:dst.offset + n].copy_to_device(sbuf.dev[src.offset:src.offset + n])
         return True
 
     def clear(self, value=0):
         if self.size:
-            self.dev.copy_to_device(np.full(self.dev.size, value, np.uint8))
+            with self.buft.device.context():
+                self.dev.copy_to_device(np.full(self.dev.size, value, np.uint8))
 
     def free(self):
         self._views.clear()
@@ -124,10 +131,34 @@ class CUDADevice(Device):
         super().__init__(f"CUDA{index}", description, DeviceType.GPU)
         self.index = index
         self._buft = CUDABufferType(self)
+        self._context = None
+        self._peers = {}    # other GPU's index -> whether peer access is enabled
 
     def context(self):
         """Make this GPU current for numba (a no-op under the simulator)."""
         return contextlib.nullcontext() if simulated() else _cuda().gpus[self.index]
+
+    def cuda_context(self):
+        """numba's context of this GPU (its primary context)."""
+        if self._context is None:
+            with self.context():
+                self._context = _cuda().current_context()
+        return self._context
+
+    def enable_peer_access(self, other):
+        """Let kernels and copies on this GPU read ``other``'s memory directly, where the hardware
+        allows (once per pair; GGML does the same before its first peer copy)."""
+        if other.index in self._peers:
+            return
+        ctx = self.cuda_context()
+        ok = ctx.can_access_peer(other.index)
+        if ok:
+            with self.context():
+                try:
+                    ctx.enable_peer_access(other.cuda_context().handle)
+                except Exception as e:   # already enabled is fine; anything else: staged copies
+                    ok = "ALREADY_ENABLED" in str(e)
+        self._peers[other.index] = ok
 
     def memory(self):
         if simulated():
@@ -242,39 +273,67 @@ class CUDABackend(Backend):
             cg.free()
         self._graphs.clear()
 
+    # Stream work runs with this backend's GPU current: with several GPUs, the scheduler calls
+    # one backend right after another's.
     def synchronize(self):
-        self.stream.synchronize()
+        with self.device.context():
+            self.stream.synchronize()
 
     def set_tensor_async(self, t, data, offset, size):
         start = t.offset + offset
-        dev = t.data_buffer().dev[start:start + size]
-        dev.copy_to_device(np.ascontiguousarray(data[:size]), stream=self.stream)
+        with self.device.context():
+            dev = t.data_buffer().dev[start:start + size]
+            dev.copy_to_device(np.ascontiguousarray(data[:size]), stream=self.stream)
 
     def get_tensor_async(self, t, offset, size):
         start = t.offset + offset
-        return t.data_buffer().dev[start:start + size].copy_to_host(stream=self.stream)
+        with self.device.context():
+            return t.data_buffer().dev[start:start + size].copy_to_host(stream=self.stream)
 
     def cpy_tensor_async(self, backend_src, backend_dst, src, dst):
+        """Device to device on this (the destination's) stream, after the source's queued work;
+        between two GPUs a peer copy (``cuMemcpyPeerAsync``: over NVLink/PCIe directly where peer
+        access is possible, staged by the driver otherwise)."""
         sbuf, dbuf = src.data_buffer(), dst.data_buffer()
         if not (isinstance(sbuf, CUDABuffer) and isinstance(dbuf, CUDABuffer)
                 and isinstance(backend_src, CUDABackend)):
             return False
         if backend_src is not self:      # our copy must wait for the source backend's queued work
             ev = CUDAEvent(backend_src.device)
-            ev.event.record(backend_src.stream)
-            ev.event.wait(self.stream)
+            with backend_src.device.context():
+                ev.event.record(backend_src.stream)
         n = src.nbytes()
-        dbuf.dev[dst.offset:dst.offset + n].copy_to_device(sbuf.dev[src.offset:src.offset + n], stream=self.stream)
+        with self.device.context():
+            if backend_src is not self:
+                ev.event.wait(self.stream)
+            d, s = dbuf.dev[dst.offset:dst.offset + n], sbuf.dev[src.offset:src.offset + n]
+            if sbuf.buft.device is self.device or simulated():
+                d.copy_to_device(s, stream=self.stream)
+            else:
+                _peer_copy(d, self.device, s, sbuf.buft.device, n, self.stream)
         return True
 
     def event_record(self, event):
-        event.event.record(self.stream)
+        with self.device.context():
+            event.event.record(self.stream)
 
     def event_wait(self, event):
-        event.event.wait(self.stream)
+        with self.device.context():
+            event.event.wait(self.stream)
 
     def free(self):
         self._drop_graphs()
+
+
+def _peer_copy(dst, dst_dev, src, src_dev, nbytes, stream):
+    """``nbytes`` from ``src`` (on ``src_dev``) to ``dst`` (on ``dst_dev``), queued on ``stream``."""
+    from cuda.bindings import driver as drv
+    from ..kernels.cuda.graphs import _check
+    dctx, sctx = dst_dev.cuda_context(), src_dev.cuda_context()
+    dst_dev.enable_peer_access(src_dev)
+    _check(drv.cuMemcpyPeerAsync(drv.CUdeviceptr(dst.device_ctypes_pointer.value), drv.CUcontext(int(dctx.handle)),
+                                 drv.CUdeviceptr(src.device_ctypes_pointer.value), drv.CUcontext(int(sctx.handle)),
+                                 nbytes, drv.CUstream(int(stream.handle))), "cuMemcpyPeerAsync")
 
 
 def _sig(t):
@@ -305,9 +364,10 @@ def registry():
         except ImportError:
             return None
         if simulated():
-            if os.environ.get("LAZYGGML_CUDA_SIM") != "1":
+            n_sim = os.environ.get("LAZYGGML_CUDA_SIM", "")
+            if not n_sim.isdigit() or int(n_sim) < 1:
                 return None
-            devices = [CUDADevice(0, "numba-cuda simulator")]
+            devices = [CUDADevice(i, "numba-cuda simulator") for i in range(int(n_sim))]
         else:
             try:
                 if not cuda.is_available():

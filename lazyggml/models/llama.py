@@ -14,9 +14,15 @@ One forward pass over a micro-batch of tokens, as llama.cpp's ``build_llama`` bu
     logits = output @ (rms_norm(x) * output_norm)
 
 Weights are loaded once into ``WEIGHTS`` buffers of the device that should compute with them
-(``n_gpu_layers``: the last N layers, and with N above the layer count the output too); the
-scheduler follows them. The graph of a batch shape is built once and replayed while the KV window
-(padded to ``KV_PAD`` cells) is unchanged, as llama.cpp's graph reuse does.
+(``n_gpu_layers``: the last N layers, and with N above the layer count the output too; over
+several GPUs in consecutive runs of layers, ``split_layers``); the scheduler follows them, with
+one split per device and the hidden state copied across. When several devices hold everything,
+the scheduler runs pipeline-parallel (4 copy slots) and a prompt's micro-batches are queued
+without waiting, so one device works on batch k+1 while the next still works on batch k. The
+compute buffers are sized once, at load, for the largest micro-batch over the whole context, so
+no later graph has to reallocate (and wait). The graph of a batch shape is built once and
+replayed while the KV window (padded to ``KV_PAD`` cells) is unchanged, as llama.cpp's graph
+reuse does.
 """
 from __future__ import annotations
 
@@ -45,24 +51,73 @@ KV_PAD = 32      # the attention window grows in steps of this many cells, so de
 N_BATCH = 64     # prefill micro-batch (tokens per graph)
 
 
-def _gpu_device(name):
-    """The device to offload to: ``name`` if given, else the first GPU-class device registered."""
-    if name is not None:
-        dev = dev_by_name(name)
-        if dev is None:
-            raise ValueError(f"no device named {name!r}; see `lazyggml info`")
-        return dev
-    for i in range(dev_count()):
-        dev = dev_get(i)
-        if dev.type in (DeviceType.GPU, DeviceType.IGPU):
-            return dev
-    return None
+def offload_devices(device=None):
+    """The devices to offload layers to, in order.
+
+    ``device`` is a device, a name (``"CUDA0"``), a comma-separated list of names or a list of
+    either. Without it, every GPU-class device of the first registry that has one (llama.cpp's
+    default: all GPUs; with CUDA present that keeps an OpenCL platform on the same cards out)."""
+    if device is None:
+        by_reg = {}
+        for i in range(dev_count()):
+            dev = dev_get(i)
+            if dev.type in (DeviceType.GPU, DeviceType.IGPU):
+                by_reg.setdefault(dev.reg, []).append(dev)
+        return next(iter(by_reg.values()), [])
+    names = device.split(",") if isinstance(device, str) else device if isinstance(device, (list, tuple)) else [device]
+    devs = []
+    for d in names:
+        if isinstance(d, str):
+            dev = dev_by_name(d.strip())
+            if dev is None:
+                raise ValueError(f"no device named {d.strip()!r}; see `lazyggml info`")
+            d = dev
+        if d.type != DeviceType.CPU and d not in devs:
+            devs.append(d)
+    return devs
+
+
+def split_layers(n_layer, n_gpu_layers, devices, tensor_split=None):
+    """llama.cpp's layer split: for each layer ``0 .. n_layer`` (the last entry is the output
+    layer) the index into ``devices`` that holds it, or None for the CPU.
+
+    The last ``n_gpu_layers`` repeating layers are offloaded, and with ``n_gpu_layers`` above the
+    layer count the output too (it counts as one more layer). They are cut into consecutive runs,
+    one per device, in proportion to ``tensor_split`` (one ratio per device), or else to each
+    device's free memory, or else equally."""
+    if not devices or n_gpu_layers <= 0:
+        return [None] * (n_layer + 1)
+    if tensor_split is not None:
+        weights = [float(x) for x in tensor_split]
+        if len(weights) != len(devices) or any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"tensor_split {list(tensor_split)}: need one non-negative ratio per device "
+                             f"({', '.join(d.name for d in devices)}), not all zero")
+    else:
+        weights = [float(d.memory()[0]) for d in devices]
+        if sum(weights) <= 0:
+            weights = [1.0] * len(devices)
+    total, cum = sum(weights), 0.0
+    bounds = []
+    for w in weights:
+        cum += w
+        bounds.append(cum / total)
+    first = max(n_layer - n_gpu_layers, 0)
+    n_act = min(n_gpu_layers, n_layer + 1)
+    out = []
+    for il in range(n_layer + 1):
+        if il < first or il - first >= n_act:
+            out.append(None)
+        else:   # upper bound: the first device whose cumulative share exceeds this layer's position
+            frac = (il - first) / n_act
+            out.append(next((i for i, b in enumerate(bounds) if b > frac), len(devices) - 1))
+    return out
 
 
 class LlamaModel:
     """A loaded LLaMA-architecture GGUF model with its KV cache (``lg.load_model``)."""
 
-    def __init__(self, path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False):
+    def __init__(self, path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
+                 tensor_split=None):
         t0 = time.perf_counter()
         self.path = str(path)
         self.file = read_gguf(path)
@@ -76,21 +131,22 @@ class LlamaModel:
         cpu = backend_cpu_init()
         if n_threads:
             set_n_threads(cpu, n_threads)
-        gpu_dev = _gpu_device(device) if n_gpu_layers > 0 or device is not None else None
-        if gpu_dev is not None and gpu_dev.type == DeviceType.CPU:
-            gpu_dev = None
-        if n_gpu_layers > 0 and gpu_dev is None:
+        devices = offload_devices(device) if n_gpu_layers > 0 else []
+        if n_gpu_layers > 0 and not devices:
             log.warning("no GPU-class device: all layers run on the CPU")
-        self.backends = ([gpu_dev.init_backend()] if gpu_dev is not None else []) + [cpu]
-        n_gpu_layers = n_gpu_layers if gpu_dev is not None else 0
-        first_gpu = hp.n_layer - min(n_gpu_layers, hp.n_layer)
+        placement = split_layers(hp.n_layer, n_gpu_layers, devices, tensor_split)
+        used = sorted({i for i in placement if i is not None})
+        gpu_backends = {i: devices[i].init_backend() for i in used}
+        self.backends = [gpu_backends[i] for i in used] + [cpu]
+        #: per layer (and the output, last) the backend that holds its weights and KV cache
+        self.layer_backends = [cpu if i is None else gpu_backends[i] for i in placement]
 
         def backend_of(name):
             """llama.cpp's placement: the input layer on the CPU, repeating layers from the end."""
             if name.startswith("blk."):
-                return self.backends[0] if int(name.split(".")[1]) >= first_gpu else cpu
-            if name in ("output.weight", "output_norm.weight") and n_gpu_layers > hp.n_layer:
-                return self.backends[0]
+                return self.layer_backends[int(name.split(".")[1])]
+            if name in ("output.weight", "output_norm.weight"):
+                return self.layer_backends[hp.n_layer]
             return cpu
 
         # weights: one no_alloc context per backend, then one WEIGHTS buffer each, filled from the map
@@ -129,9 +185,18 @@ class LlamaModel:
         for buf in self.kv_buffers:
             buf.clear(0)
 
-        self.sched = Scheduler(self.backends, graph_size=32 * hp.n_layer + 64)
+        # pipeline parallelism (llama.cpp's rule): several devices hold every layer and the output,
+        # so micro-batches of a prompt can flow through them one behind the other
+        parallel = len(used) > 1 and n_gpu_layers > hp.n_layer and all(
+            b.device.event_new() is not None for b in self.backends[:-1])
+        self.sched = Scheduler(self.backends, graph_size=32 * hp.n_layer + 64, parallel=parallel)
         self.n_past = 0
         self._graph = None   # (key, graph, inputs, logits) of the last built graph
+        # size the compute buffers once for the largest micro-batch over the whole context, as
+        # llama.cpp does, so that later graphs fit without reallocating (which would synchronize)
+        g = self._build(min(N_BATCH, self.n_ctx), self.n_ctx, False)[0]
+        if not self.sched.reserve(g):
+            raise RuntimeError("the scheduler could not reserve the compute buffers")
         self.load_time = time.perf_counter() - t0
 
     # -- the graph ----------------------------------------------------------------------------------
@@ -212,13 +277,13 @@ class LlamaModel:
         out = []
         for i0 in range(0, len(tokens), N_BATCH):
             batch = tokens[i0:i0 + N_BATCH]
-            last = i0 + N_BATCH >= len(tokens)
-            want_all = logits_all or not last
-            out.append(self._eval_batch(batch, want_all))
-        logits = np.concatenate(out) if logits_all else out[-1][-1:]
-        return logits
+            if logits_all or i0 + N_BATCH >= len(tokens):
+                out.append(self._eval_batch(batch, logits_all))
+            else:   # logits nobody reads: queue the batch and go on (devices overlap micro-batches)
+                self._eval_batch(batch, False, wait=False)
+        return np.concatenate(out) if logits_all else out[-1]
 
-    def _eval_batch(self, batch, logits_all):
+    def _eval_batch(self, batch, logits_all, wait=True):
         n = len(batch)
         n_kv = min(self.n_ctx, -(-(self.n_past + n) // KV_PAD) * KV_PAD)
         g, (tokens, pos, kv_idxs, kq_mask), logits = self._graph_for(n, n_kv, logits_all)
@@ -229,8 +294,11 @@ class LlamaModel:
         # causal mask: token i sees cells 0..n_past+i
         mask = np.where(np.arange(n_kv)[None, :] <= positions[:, None], 0.0, -np.inf).astype(np.float32)
         tensor_set(kq_mask, mask)
-        self.sched.graph_compute(g)
         self.n_past += n
+        if not wait:
+            self.sched.graph_compute_async(g)
+            return None
+        self.sched.graph_compute(g)
         return tensor_get(logits)[0, 0].copy()
 
     def reset(self):
@@ -277,7 +345,12 @@ class LlamaModel:
                          decode_s=t2 - t1, n_splits=self.sched.n_splits)
 
 
-def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False):
-    """Load a LLaMA-family GGUF file (``lg.GGUFError`` if it is malformed or unsupported)."""
+def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
+               tensor_split=None):
+    """Load a LLaMA-family GGUF file (``lg.GGUFError`` if it is malformed or unsupported).
+
+    ``n_gpu_layers``: offload the last N layers (above the layer count, the output too) to
+    ``device`` (a name, comma-separated names, or devices; default every GPU of the first GPU
+    registry), split by ``tensor_split`` ratios or else by free memory (``split_layers``)."""
     return LlamaModel(path, n_gpu_layers=n_gpu_layers, device=device, n_ctx=n_ctx,
-                      n_threads=n_threads, progress=progress)
+                      n_threads=n_threads, progress=progress, tensor_split=tensor_split)
