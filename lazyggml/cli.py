@@ -98,7 +98,8 @@ def _generate(args, path=None):
 
     path = path or args.model
     model = load_model(path, n_gpu_layers=args.n_gpu_layers, device=args.device, n_ctx=args.ctx_size,
-                       n_threads=args.threads, progress=sys.stderr.isatty(), tensor_split=args.tensor_split)
+                       n_threads=args.threads, progress=sys.stderr.isatty(), tensor_split=args.tensor_split,
+                       n_batch=args.ubatch_size)
     backends = ", ".join(b.name for b in model.backends)
     print(f"loaded {path} in {model.load_time:.2f} s: {model.hp.n_layer} layers, n_embd {model.hp.n_embd}, "
           f"vocab {model.hp.n_vocab}; backends {backends}")
@@ -180,6 +181,8 @@ def main(argv=None):
         sp.add_argument("-ts", "--tensor-split", default=None, type=_ratios,
                         help="share of the offloaded layers per device, e.g. 3,1 (default: by free memory)")
         sp.add_argument("-c", "--ctx-size", type=int, default=None)
+        sp.add_argument("-ub", "--ubatch-size", type=int, default=None,
+                        help="prompt tokens per micro-batch (default 64 on the CPU, 512 when all layers are on a GPU)")
         sp.add_argument("-t", "--threads", type=int, default=None)
         sp.add_argument("--temp", type=float, default=0.8)
         sp.add_argument("--top-k", type=int, default=40)

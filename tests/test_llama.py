@@ -213,13 +213,13 @@ def test_logits_split_over_two_devices(two_layer_model, deferred):
     """Layers and output on two stand-in GPUs (asynchronous ones: with events, so the scheduler
     runs pipeline-parallel with 4 copy slots) give the CPU's logits, for a prompt of several
     micro-batches whose early batches are queued without waiting, and then token by token."""
-    from lazyggml.models.llama import N_BATCH
     from lazyggml.testing import StandInDevice
-    toks = _tokens(N_BATCH * 2 + 20, 300, SEED + 11)
+    toks = _tokens(64 * 2 + 20, 300, SEED + 11)
     cpu = lg.load_model(two_layer_model)
     ref = [cpu.eval(toks, logits_all=False)] + [cpu.eval([t]) for t in toks[:3]]
     devs = [StandInDevice("DEV0", deferred), StandInDevice("DEV1", deferred)]
-    model = lg.load_model(two_layer_model, n_gpu_layers=3, device=devs)
+    assert lg.load_model(two_layer_model, n_gpu_layers=3, device=devs).n_batch == 256   # N_BATCH_GPU, capped
+    model = lg.load_model(two_layer_model, n_gpu_layers=3, device=devs, n_batch=64)   # three micro-batches
     assert [b.name for b in model.backends] == ["DEV0", "DEV1", "CPU"]
     assert [b.name for b in model.layer_backends] == ["DEV0", "DEV0", "DEV1"]   # 0, 1/3 | 2/3
     assert model.sched.n_copies == (4 if deferred else 1)

@@ -48,7 +48,8 @@ from ..types import Type
 log = logging.getLogger("lazyggml")
 
 KV_PAD = 32      # the attention window grows in steps of this many cells, so decode graphs repeat
-N_BATCH = 64     # prefill micro-batch (tokens per graph)
+N_BATCH = 64     # prefill micro-batch (tokens per graph) on the CPU
+N_BATCH_GPU = 512  # ... and when the output layer, hence every layer, is on a GPU (llama.cpp's n_ubatch)
 
 
 def offload_devices(device=None):
@@ -117,7 +118,7 @@ class LlamaModel:
     """A loaded LLaMA-architecture GGUF model with its KV cache (``lg.load_model``)."""
 
     def __init__(self, path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
-                 tensor_split=None):
+                 tensor_split=None, n_batch=None):
         t0 = time.perf_counter()
         self.path = str(path)
         self.file = read_gguf(path)
@@ -194,7 +195,11 @@ class LlamaModel:
         self._graph = None   # (key, graph, inputs, logits) of the last built graph
         # size the compute buffers once for the largest micro-batch over the whole context, as
         # llama.cpp does, so that later graphs fit without reallocating (which would synchronize)
-        g = self._build(min(N_BATCH, self.n_ctx), self.n_ctx, False)[0]
+        on_gpu = self.layer_backends[-1] is not cpu
+        self.n_batch = min(n_batch or (N_BATCH_GPU if on_gpu else N_BATCH), self.n_ctx)
+        if self.n_batch < 1:
+            raise ValueError(f"n_batch must be positive, got {n_batch}")
+        g = self._build(self.n_batch, self.n_ctx, False)[0]
         if not self.sched.reserve(g):
             raise RuntimeError("the scheduler could not reserve the compute buffers")
         self.load_time = time.perf_counter() - t0
@@ -275,9 +280,10 @@ class LlamaModel:
         if self.n_past + len(tokens) > self.n_ctx:
             raise ValueError(f"eval: {self.n_past} + {len(tokens)} tokens exceed the context of {self.n_ctx}")
         out = []
-        for i0 in range(0, len(tokens), N_BATCH):
-            batch = tokens[i0:i0 + N_BATCH]
-            if logits_all or i0 + N_BATCH >= len(tokens):
+        nb = self.n_batch
+        for i0 in range(0, len(tokens), nb):
+            batch = tokens[i0:i0 + nb]
+            if logits_all or i0 + nb >= len(tokens):
                 out.append(self._eval_batch(batch, logits_all))
             else:   # logits nobody reads: queue the batch and go on (devices overlap micro-batches)
                 self._eval_batch(batch, False, wait=False)
@@ -346,11 +352,13 @@ class LlamaModel:
 
 
 def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
-               tensor_split=None):
+               tensor_split=None, n_batch=None):
     """Load a LLaMA-family GGUF file (``lg.GGUFError`` if it is malformed or unsupported).
 
     ``n_gpu_layers``: offload the last N layers (above the layer count, the output too) to
     ``device`` (a name, comma-separated names, or devices; default every GPU of the first GPU
-    registry), split by ``tensor_split`` ratios or else by free memory (``split_layers``)."""
+    registry), split by ``tensor_split`` ratios or else by free memory (``split_layers``).
+    ``n_batch``: tokens per prefill micro-batch (default ``N_BATCH``, or ``N_BATCH_GPU`` when every
+    layer is on a GPU)."""
     return LlamaModel(path, n_gpu_layers=n_gpu_layers, device=device, n_ctx=n_ctx,
-                      n_threads=n_threads, progress=progress, tensor_split=tensor_split)
+                      n_threads=n_threads, progress=progress, tensor_split=tensor_split, n_batch=n_batch)
