@@ -206,6 +206,28 @@ if not CHILD:
         results = [run_case(c, cuda_backend) for c in CASES]
         assert results.count("ok") > 50
 
+    def _n_gpus():
+        from numba import cuda
+        return len(cuda.gpus) if HAVE_GPU else 0
+
+    @pytest.mark.skipif(not HAVE_GPU or _n_gpus() < 2, reason="needs two CUDA GPUs")
+    def test_gpu_model_split_over_two_gpus(tmp_path):
+        """A random model with its layers over CUDA0 and CUDA1 (pipeline-parallel, peer copies)
+        gives the logits of CUDA0 alone: the same kernels, so to NMSE 1e-6."""
+        import lazyggml as lg
+        from lazyggml.testing import make_tiny_llama
+        path = str(tmp_path / "m.gguf")
+        make_tiny_llama(path, n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=300,
+                        n_ctx=512, seed=3)
+        toks = np.random.default_rng(4).integers(0, 300, 200).tolist()
+        out = {}
+        for devices in ("CUDA0", "CUDA0,CUDA1"):
+            model = lg.load_model(path, n_gpu_layers=5, device=devices, n_batch=64)
+            out[devices] = np.concatenate([model.eval(toks[:150], logits_all=False)]
+                                          + [model.eval([t]) for t in toks[150:]])
+        assert model.sched.n_splits == 3 and model.sched.n_copies == 4
+        assert nmse(out["CUDA0,CUDA1"], out["CUDA0"]) <= 1e-6
+
     @gpu
     def test_gpu_graph_capture_replays_fresh_inputs(cuda_backend):
         """Eager run, capture, replays: each run reads the inputs' current values."""
