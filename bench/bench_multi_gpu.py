@@ -39,6 +39,7 @@ from lazyggml.cli import _placement  # noqa: E402
 MODELS = {   # make_tiny_llama shapes
     "llama-125m": dict(n_layer=12, n_embd=768, n_head=12, n_head_kv=4, n_ff=2048, n_vocab=32000),
     "llama-1b": dict(n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, n_ff=5632, n_vocab=32000),
+    "llama-8b": dict(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=32000),
 }
 
 
@@ -97,8 +98,8 @@ def bench(name, args, rows, checks):
 def table(rows, checks, args):
     gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
                           capture_output=True, text=True).stdout.strip().replace("\n", "; ")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip() or "unknown"
+    commit = os.environ.get("LAZYGGML_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "unknown"
     out = [f"* date: {datetime.date.today()}; commit: {commit}; GPUs: {gpus}; Python {platform.python_version()}",
            f"* prompt {args.n_prompt} tokens in micro-batches of {args.n_batch}, then {args.n_gen} decode "
            f"steps; n_ctx {args.n_ctx}; median of {args.runs} runs after a warm-up",

@@ -16,6 +16,20 @@ time it sees it and captures it the second time.
 """
 from __future__ import annotations
 
+import atexit
+import weakref
+
+_live = weakref.WeakSet()   # instantiated graphs not yet freed
+
+
+@atexit.register
+def _free_live_graphs():
+    """Free every graph while the driver and contexts are still up: left to the garbage collector
+    at interpreter exit, a graph can outlive its context (seen as a glibc abort with two GPUs).
+    Registered after numba's own exit handlers, so it runs before them."""
+    for g in list(_live):
+        g.free()
+
 
 def _driver():
     from cuda.bindings import driver
@@ -40,6 +54,7 @@ class CudaGraph:
     def __init__(self, graph, exec_):
         self.graph = graph
         self.exec = exec_
+        _live.add(self)
 
     def launch(self, stream):
         _check(_driver().cuGraphLaunch(self.exec, _stream(stream)), "cuGraphLaunch")
