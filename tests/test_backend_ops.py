@@ -34,7 +34,7 @@ import pytest
 
 import lazyggml as lg
 from lazyggml import quants
-from lazyggml.backend import tensor_get, tensor_get_bytes, tensor_set
+from lazyggml.backend import backend_graph_compute, tensor_get, tensor_get_bytes, tensor_set
 from lazyggml.backends.cpu import CPUBackend, backend_cpu_init
 from lazyggml.tensor import current_context
 from lazyggml.types import is_quantized
@@ -229,7 +229,7 @@ def run_case(case, backend=None, seed=None, gallocr=False):
         tensor_set(t, _encode(t, np.asarray(gen(rng, shape) if gen else rng.uniform(-1.0, 1.0, shape))))
         before.append(tensor_get_bytes(t))
         values.append(decode(t, tensor_get(t)))  # what the kernel will see, before any in-place write
-    backend.graph_compute(g)
+    backend_graph_compute(backend, g)   # compute and wait, as ggml_backend_graph_compute
     for t, raw in zip(inputs, before):  # GGML's sentinel idea: nothing but the result is written
         if t is not out and t is not out.view_src and not gallocr:  # (the planner may reuse inputs)
             assert np.array_equal(tensor_get_bytes(t), raw), f"{case.name}: input {t.name} was modified"
@@ -797,7 +797,7 @@ def run_lazyggml(specs, datas, build, backend):
     out = build(*ins)
     g = lg.Graph()
     lg.build_forward_expand(g, out)
-    backend.graph_compute(g)
+    backend_graph_compute(backend, g)   # compute and wait, as ggml_backend_graph_compute
     return lg.tensor_get_bytes(out)
 
 

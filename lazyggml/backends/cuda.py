@@ -9,8 +9,9 @@ it returns None when numba-cuda is missing or no GPU answers. Under numba-cuda's
 kernel gets *flat views* of tensors (``view(t, dtype)``: the tensor's span, reinterpreted) plus
 element strides, so strided views need no copies. Views are cached per (buffer, offset, span,
 dtype): building a numba device-array view costs host time, and graphs of equal shapes ask for
-the same views again. ``set``/``get`` go through the legacy default stream, which orders them
-after the backend's queued work.
+the same views again. ``set``/``get`` run on a per-GPU transfer stream and wait for it (GGML:
+``cudaStreamPerThread``): they are *not* ordered after a backend's queued work, so synchronize
+the backend before reading its results (``backend_graph_compute`` does).
 
 **Compute.** ``graph_compute`` launches one kernel (or a few: mul_mat quantizes its activations
 first) per node on the backend's stream and returns at once; ``synchronize`` waits. Views, NONE
@@ -81,36 +82,43 @@ class CUDABuffer(Buffer):
             self._views[key] = v = v if cols is None else v.reshape(v.size // cols, cols)
         return v
 
-    # host <-> device through the legacy default stream of this buffer's GPU (made current: with
-    # several GPUs another may be)
+    # Plain set/get/copy run on the GPU's transfer stream and wait for it, as GGML's do on
+    # cudaStreamPerThread: they are not ordered after a backend's queued work (synchronize the
+    # backend first), and they do not wait for it either, so the scheduler can feed one
+    # micro-batch's inputs while the GPU still computes the previous one.
+    def _sync_copy(self, copy):
+        dev = self.buft.device
+        with dev.context():
+            stream = dev.transfer_stream()
+            out = copy(stream)
+            stream.synchronize()
+        return out
+
     def set_tensor(self, t, data, offset, size):
         start = t.offset + offset
-        with self.buft.device.context():
-            self.dev[start:start + size].copy_to_device(np.ascontiguousarray(data[:size]))
+        host = np.ascontiguousarray(data[:size])
+        self._sync_copy(lambda s: self.dev[start:start + size].copy_to_device(host, stream=s))
 
     def get_tensor(self, t, offset, size):
         start = t.offset + offset
-        with self.buft.device.context():
-            return self.dev[start:start + size].copy_to_host()
+        return self._sync_copy(lambda s: self.dev[start:start + size].copy_to_host(stream=s))
 
     def memset_tensor(self, t, value, offset, size):
-        start = t.offset + offset
-        with self.buft.device.context():
-            self.dev[start:start + size].copy_to_device(np.full(size, value, np.uint8))
+        self.set_tensor(t, np.full(size, value, np.uint8), offset, size)
 
     def cpy_tensor(self, src, dst):
         sbuf = src.data_buffer()
         if not isinstance(sbuf, CUDABuffer) or sbuf.buft is not self.buft:
             return False   # another GPU's buffer: the generic path copies through the host
         n = src.nbytes()
-        with self.buft.device.context():
-            self.dev[dst.offset:dst.offset + n].copy_to_device(sbuf.dev[src.offset:src.offset + n])
+        self._sync_copy(lambda s: self.dev[dst.offset:dst.offset + n].copy_to_device(
+            sbuf.dev[src.offset:src.offset + n], stream=s))
         return True
 
     def clear(self, value=0):
         if self.size:
-            with self.buft.device.context():
-                self.dev.copy_to_device(np.full(self.dev.size, value, np.uint8))
+            fill = np.full(self.dev.size, value, np.uint8)
+            self._sync_copy(lambda s: self.dev.copy_to_device(fill, stream=s))
 
     def free(self):
         self._views.clear()
@@ -132,11 +140,19 @@ class CUDADevice(Device):
         self.index = index
         self._buft = CUDABufferType(self)
         self._context = None
+        self._transfer_stream = None
         self._peers = {}    # other GPU's index -> whether peer access is enabled
 
     def context(self):
         """Make this GPU current for numba (a no-op under the simulator)."""
         return contextlib.nullcontext() if simulated() else _cuda().gpus[self.index]
+
+    def transfer_stream(self):
+        """The stream of plain (synchronous) copies to and from this GPU's buffers."""
+        if self._transfer_stream is None:
+            with self.context():
+                self._transfer_stream = _cuda().stream()
+        return self._transfer_stream
 
     def cuda_context(self):
         """numba's context of this GPU (its primary context)."""
