@@ -392,10 +392,10 @@ if CHILD:
                                            rtol=2e-3, atol=1e-3)
 
     @pytest.mark.parametrize("type_name,m,k,n", [
-        ("Q4_K", 4, 256, 1),     # 4 warps, rows_per_block = 4 (small K)
-        ("Q4_K", 3, 2048, 1),    # 4 warps, 1 row per block, several iterations
-        ("Q4_K", 3, 512, 2),     # 2 rows per block, partial last block
-        ("Q4_K", 2, 256, 5),     # 2 warps
+        ("Q4_K", 4, 256, 1),     # one super-block per row: 4 of each warp's 32 lanes busy
+        ("Q4_K", 3, 2048, 1),    # a warp per row, one iteration of 8 super-blocks
+        ("Q4_K", 3, 4096, 2),    # 2 rows per warp (the last one alone), 16 lanes per column, 4 iterations
+        ("Q4_K", 2, 256, 5),     # 5 columns: 8 groups of 4 lanes, the last 3 repeat column 4 unwritten
         ("Q6_K", 4, 256, 1),
         ("Q6_K", 3, 512, 3),
         ("Q8_0", 4, 64, 1),

@@ -21,9 +21,18 @@ when this module is imported (``SIM``):
 
 The int8 tensor-core product ``mma_s8_16x8x32`` (inline PTX, GPU only) serves the fast mmq.
 
-Index arithmetic: numba types array indices as signed 64-bit and, for a signed index, adds the
-array's length when it is negative (Python's wrap-around). In inner loops that check costs more
-than the work, so hot loops index with ``np.uint32(...)``, which has no negative case.
+**Wide accesses.** ``load_int2``/``load_int4`` read 2 or 4 consecutive int32s of an array's data
+(flat C order, whatever the array's shape) with one 8- or 16-byte access, and ``store_int4``
+writes 4: one instruction where numba would issue four. The element must be aligned to the access
+size (the caller's layout guarantees it). ``half2_float2`` splits an int32 holding a ``half2``
+into two float32s (the block headers of GGML's formats are ``half2``s).
+
+Index arithmetic: numba computes with signed 64-bit integers and, for a signed index, adds the
+array's length when it is negative (Python's wrap-around). In inner loops that costs more than the
+work. Hot loops therefore build each index as ``base + constant``: ``base`` an ``np.uint32`` (which
+the compiler knows to be non-negative, so the wrap-around check disappears) computed once per
+block or tile, the constant folded into the load instruction's immediate offset. Integer products
+that feed a float are wrapped in ``np.int32(...)``, else numba multiplies (and converts) in 64 bits.
 """
 from __future__ import annotations
 
@@ -115,6 +124,80 @@ if not SIM:
             res = builder.call(asm, ins + [ir.Constant(i32, 0)] * 4)
             return context.make_tuple(builder, signature.return_type,
                                       [builder.extract_value(res, i) for i in range(4)])
+        return sig, codegen
+
+
+if SIM:
+    @cuda.jit(device=True)
+    def load_int2(a, i):
+        f = a.reshape(-1)
+        return f[i], f[i + 1]
+
+    @cuda.jit(device=True)
+    def load_int4(a, i):
+        f = a.reshape(-1)
+        return f[i], f[i + 1], f[i + 2], f[i + 3]
+
+    @cuda.jit(device=True)
+    def store_int4(a, i, v0, v1, v2, v3):
+        f = a.reshape(-1)
+        f[i], f[i + 1], f[i + 2], f[i + 3] = v0, v1, v2, v3
+
+    @cuda.jit(device=True)
+    def half2_float2(x):
+        h = np.array([x], np.int32).view(np.float16)
+        return np.float32(h[0]), np.float32(h[1])
+
+else:
+    def _int_vector_load(n):
+        @intrinsic
+        def load(typingctx, ary, idx):
+            if not (isinstance(ary, types.Array) and ary.dtype == types.int32 and ary.layout == "C"
+                    and isinstance(idx, types.Integer)):
+                return None
+            sig = types.UniTuple(types.int32, n)(ary, idx)
+
+            def codegen(context, builder, signature, args):
+                a = context.make_array(signature.args[0])(context, builder, args[0])
+                ptr = builder.gep(a.data, [context.cast(builder, args[1], signature.args[1], types.intp)])
+                vec = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(32), n).as_pointer()), align=4 * n)
+                return context.make_tuple(builder, signature.return_type,
+                                          [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(n)])
+            return sig, codegen
+        return load
+
+    load_int2 = _int_vector_load(2)
+    load_int4 = _int_vector_load(4)
+
+    @intrinsic
+    def store_int4(typingctx, ary, idx, v0, v1, v2, v3):
+        if not (isinstance(ary, types.Array) and ary.dtype == types.int32 and ary.layout == "C"
+                and isinstance(idx, types.Integer)):
+            return None
+        sig = types.none(ary, idx, types.int32, types.int32, types.int32, types.int32)
+
+        def codegen(context, builder, signature, args):
+            a = context.make_array(signature.args[0])(context, builder, args[0])
+            ptr = builder.gep(a.data, [context.cast(builder, args[1], signature.args[1], types.intp)])
+            vty = ir.VectorType(ir.IntType(32), 4)
+            vec = ir.Constant(vty, ir.Undefined)
+            for k in range(4):
+                vec = builder.insert_element(vec, context.cast(builder, args[2 + k], signature.args[2 + k], types.int32),
+                                             ir.Constant(ir.IntType(32), k))
+            builder.store(vec, builder.bitcast(ptr, vty.as_pointer()), align=16)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def half2_float2(typingctx, x):
+        sig = types.UniTuple(types.float32, 2)(x)
+
+        def codegen(context, builder, signature, args):
+            h2 = builder.bitcast(context.cast(builder, args[0], signature.args[0], types.int32),
+                                 ir.VectorType(ir.HalfType(), 2))
+            f = [builder.fpext(builder.extract_element(h2, ir.Constant(ir.IntType(32), k)), ir.FloatType())
+                 for k in range(2)]
+            return context.make_tuple(builder, signature.return_type, f)
         return sig, codegen
 
 

@@ -1,24 +1,25 @@
 """mmq: quantized matrix times matrix through shared-memory tiles (GGML's ``mul_mat_q``, spec §6.4).
 
 Used for ``mul_mat(W, x)`` with W in Q4_K and x of more than 8 columns (prompt processing). GGML
-on Turing and newer feeds int8 tensor cores (``mma.sync``), which numba-cuda cannot issue; this is
-the **dp4a layout**, GGML's path for GPUs without int8 MMA, in our own arrangement.
+on Turing and newer feeds int8 tensor cores (``mma.sync``), which numba-cuda has no API for (the
+MMA variant below reaches them through inline PTX); the reference kernel is the **dp4a layout**,
+GGML's path for GPUs without int8 MMA, in our own arrangement.
 
 **Tiles.** A CUDA block of ``nwarps`` warps computes an ``I × J`` tile of the result: ``I`` rows of
 W (output features) by ``J`` columns of x (tokens). The K loop takes one Q4_K super-block
 (``MMQ_ITER_K`` = 256 values) per row per iteration. Each iteration:
 
-1. ``load_tiles``: all threads copy the x tile (I rows × 32 ints of packed nibbles, row stride 33
-   ints so that 32 lanes reading 32 consecutive rows hit 32 different banks) and unpack each row's
-   12 scale bytes into floats ``d·sc_k`` and ``dmin·m_k`` (k = 8 sub-blocks, stored ``[k][row]``);
-   then the y tile: for J columns, the two ``block_q8_1_mmq`` (DS4 layout, see ``quantize.py``)
-   that cover these 256 values, quants to ``ys[col][64]`` and the headers to ``yd[k][col]``
-   (``d_k``) and ``ys_sum[k][col]`` (``s_k = Σx``).
+1. ``load_tiles``: all threads copy the x tile (I rows × 32 ints of packed nibbles) and unpack
+   each row's 12 scale bytes into floats ``d·sc_k`` and ``dmin·m_k`` (k = 8 sub-blocks, stored
+   ``[k][row]``); then the y tile: for J columns, the two ``block_q8_1_mmq`` (DS4 layout, see
+   ``quantize.py``) that cover these 256 values, quants to ``ys[col][64]`` and the headers to
+   ``yd[k][col]`` (``d_k``) and ``ysum[k][col]`` (``s_k = Σx``). The copies go in 16-byte pieces
+   whose addresses each thread computes once, before the K loop (``_load_tiles`` says how).
 2. ``syncthreads``; every thread adds its ``R × C`` outputs; ``syncthreads``.
 
 **Thread tile.** Lane ``tx`` owns rows ``tx + 32·rr`` (``rr < R = I/32``) and warp ``ty`` owns
 columns ``ty + nwarps·cc`` (``cc < C = J/nwarps``): the 32 lanes of a warp read 32 different rows
-of x (conflict-free) and one column of y (a broadcast). For sub-block ``k`` (32 values: the low
+of x (conflict-free: x rows are 33 ints apart) and one column of y (a broadcast). For sub-block ``k`` (32 values: the low
 nibbles of chunk ``k/2`` when k is even, the high ones when odd), the integer sums
 ``sumi = Σ_l dp4a(nibbles(x[row][8·(k/2) + l]), y[col][8k + l])`` over ``l < 8`` go to registers,
 then ``acc += (d·sc_k)·d8_k·sumi − (dmin·m_k)·s_k``: the min term uses the activations' float
@@ -34,8 +35,11 @@ H200). The same tiles and loads; the products go through ``mma.sync.m16n8k32`` (
 exactly one k=32 step, so warp ``w`` takes rows ``16w .. 16w+15`` and, per sub-block, builds the A
 fragment from the nibbles of its rows (four ints, reused for every column tile) and runs one MMA
 per 8 columns; the int32 results get the same float epilogue ``(d·sc_k)·d8_k·C − (dmin·m_k)·s_k``
-(GGML's ``dA·dB·C + mA·sB``). Shared rows are padded so that the fragment reads hit 32 different
-banks: x rows 36 ints, y rows 68 ints (lane ``(g, t)`` reads int ``g·36 + t``: bank ``4g + t``).
+(GGML's ``dA·dB·C + mA·sB``), as two fused multiply-adds per result. Shared rows are padded so
+that the fragment reads hit 32 different banks: x rows 36 ints, y rows 68 ints (lane ``(g, t)``
+reads int ``g·36 + t``: bank ``4g + t``); both are multiples of 4 ints, so the loader stores
+16-byte pieces. Each lane's shared-memory reads are a per-lane base (``np.uint32``, computed once)
+plus constants, which the compiler folds into the load instructions (common.py's index note).
 
 Unlike GGML's MMA kernel the factors ``d·sc`` stay in float32 (GGML rounds them to fp16).
 """
@@ -48,7 +52,7 @@ import numpy as np
 from numba import cuda
 
 from . import common
-from .common import F32_ZERO, Q8_1_MMQ_INTS, SIM, cdiv, dp4a, jit_kernel
+from .common import F32_ZERO, Q8_1_MMQ_INTS, SIM, cdiv, dp4a, half2_float2, jit_kernel, load_int4, store_int4
 from .quantize import mmq_kblocks
 
 MMQ_ITER_K = 256
@@ -73,10 +77,11 @@ def _make_kernel(I, J, nwarps):
     XS = 33                      # x row stride in ints: 32 + 1 pad
     n_xs, n_xsc = I * XS, 8 * I
     n_ys, n_ysc = J * 64, 8 * J
-    load_tiles = _load_tiles(I, J, XS, 64, nthreads)
+    tile_offsets, load_tiles = _load_tiles(I, J, XS, 64, nthreads)
+    NXQ, NYQ = _pieces(I, J, nthreads)
 
     @jit_kernel(launch_bounds=(nthreads, MMQ_MIN_BLOCKS))
-    def mul_mat_q4_K(vx, vx_h, vy, vy_h, dst, blocks_per_row, nrows_x, stride_row_x, ncols_y,
+    def mul_mat_q4_K(vx, vy, dst, blocks_per_row, nrows_x, stride_row_x, ncols_y,
                      stride_col_dst, channel_ratio, stride_channel_x, stride_channel_dst, sample_ratio,
                      stride_sample_x, stride_sample_dst, kblocks, ne2):
         tx = cuda.threadIdx.x
@@ -104,9 +109,11 @@ def _make_kernel(I, J, nwarps):
         sumi = cuda.local.array(RC, numba.int32)
         yv = cuda.local.array(C, numba.int32)
 
+        xo = cuda.local.array(NXQ, numba.int64)
+        yo = cuda.local.array(NYQ, numba.int64)
+        xh, yh = tile_offsets(tid, x0, y0, row0, col0, nrows_x, stride_row_x, ncols_y, xo, yo)
         for kb in range(blocks_per_row):
-            load_tiles(vx, vx_h, vy, vy_h, xs, xd, xm, ys, yd, ysum, tid, x0, y0, row0, col0, kb, nrows_x,
-                       stride_row_x, ncols_y)
+            load_tiles(vx, vy, xs, xd, xm, ys, yd, ysum, tid, xo, yo, xh, yh, kb, ncols_y)
             cuda.syncthreads()
 
             # -- vec_dot: 8 sub-blocks of 32 values
@@ -140,60 +147,106 @@ def _make_kernel(I, J, nwarps):
     return mul_mat_q4_K
 
 
+def _pieces(I, J, nthreads):
+    """16-byte pieces of the x and the y tile that each thread copies (the last y piece of a thread
+    may be past the end)."""
+    assert I * 8 % nthreads == 0 and 2 * I == nthreads
+    return I * 8 // nthreads, cdiv(J * 16, nthreads)
+
+
+@cuda.jit(device=True, inline=True)
+def _store_ints(a, i, v0, v1, v2, v3):
+    """``store_int4`` for rows whose stride is not a multiple of 4 ints (the dp4a kernel's 33)."""
+    a[i] = v0
+    a[i + 1] = v1
+    a[i + 2] = v2
+    a[i + 3] = v3
+
+
 def _load_tiles(I, J, XS, YS, nthreads):
-    """The tile loader shared by both kernels (step 1 in the module docstring)."""
+    """The tile loader shared by both kernels (step 1 in the module docstring).
+
+    Everything moves in 16-byte pieces (``load_int4``/``store_int4``): a Q4_K block (144 bytes)
+    and a ``block_q8_1_mmq`` (144 bytes) are 9 pieces each, 16-byte aligned. Thread ``tid`` copies
+    the same pieces in every iteration, so ``tile_offsets`` computes their addresses once; an
+    iteration adds ``kb`` blocks to them.
+
+    * x quants: ``I × 8`` pieces; piece ``p = tid + nthreads·r`` is piece ``p % 8`` of row ``p / 8``.
+    * y quants: ``J × 2 × 8`` pieces; piece ``p`` is piece ``p % 8`` of half ``(p/8) % 2`` of
+      column ``p / 16``.
+    * headers: thread ``tid < I`` unpacks row ``tid``'s scales (``d·sc_k``), ``tid >= I`` (up to
+      ``2I``) its mins (``dmin·m_k``); thread ``tid < 2J`` (a column and a half) the four
+      ``half2(d_k, s_k)`` of a y block.
+    """
+    NXQ, NYQ = _pieces(I, J, nthreads)
+    store_x = store_int4 if XS % 4 == 0 else _store_ints
 
     @cuda.jit(device=True, inline=True)
-    def load_tiles(vx, vx_h, vy, vy_h, xs, xd, xm, ys, yd, ysum, tid, x0, y0, row0, col0, kb, nrows_x,
-                   stride_row_x, ncols_y):
-        for idx in range(tid, I * 32, nthreads):
-            row = idx // 32
-            gr = min(row0 + row, nrows_x - 1)
-            xs[row * XS + idx % 32] = vx[np.uint32((x0 + gr * stride_row_x + kb) * 36 + 4 + idx % 32)]
-        for idx in range(tid, 2 * I, nthreads):
-            row = idx % I
-            bx = (x0 + min(row0 + row, nrows_x - 1) * stride_row_x + kb) * 36
-            u0 = vx[np.uint32(bx + 1)]
-            u1 = vx[np.uint32(bx + 2)]
-            u2 = vx[np.uint32(bx + 3)]
-            if idx < I:      # scales: sc0..3 in u0's low 6 bits, sc4..7 from u2 and u0's top bits
-                f = np.float32(vx_h[np.uint32(2 * bx)])
-                lo = u0 & M6
-                hi = (u2 & M4) | (((u0 >> 6) & M2) << 4)
-                dstv = xd
-            else:            # mins: the same from u1 and u2's high nibbles
-                f = np.float32(vx_h[np.uint32(2 * bx + 1)])
-                lo = u1 & M6
-                hi = ((u2 >> 4) & M4) | (((u1 >> 6) & M2) << 4)
-                dstv = xm
-            for k in range(4):
-                dstv[k * I + row] = f * np.float32((lo >> (8 * k)) & 0xFF)
-                dstv[(k + 4) * I + row] = f * np.float32((hi >> (8 * k)) & 0xFF)
-        for idx in range(tid, J * 2 * Q8_1_MMQ_INTS, nthreads):
-            col = idx // (2 * Q8_1_MMQ_INTS)
-            h = (idx // Q8_1_MMQ_INTS) % 2            # which 128-value half of the super-block
-            w = idx % Q8_1_MMQ_INTS
-            src = (y0 + (2 * kb + h) * ncols_y + min(col0 + col, ncols_y - 1)) * Q8_1_MMQ_INTS + w
-            if w < 4:
-                yd[(4 * h + w) * J + col] = np.float32(vy_h[np.uint32(2 * src)])
-                ysum[(4 * h + w) * J + col] = np.float32(vy_h[np.uint32(2 * src + 1)])
-            else:
-                ys[col * YS + 32 * h + w - 4] = vy[np.uint32(src)]
+    def tile_offsets(tid, x0, y0, row0, col0, nrows_x, stride_row_x, ncols_y, xo, yo):
+        """Fill ``xo``/``yo`` with the int offsets of this thread's pieces at ``kb = 0``; returns the
+        offsets of its x header and y header."""
+        q = tid % 8
+        for r in range(NXQ):
+            row = tid // 8 + (nthreads // 8) * r
+            xo[r] = (x0 + min(row0 + row, nrows_x - 1) * stride_row_x) * 36 + 4 + 4 * q
+        for r in range(NYQ):
+            p = tid + nthreads * r
+            col = min(col0 + p // 16, ncols_y - 1)
+            yo[r] = (y0 + (p // 8) % 2 * ncols_y + col) * Q8_1_MMQ_INTS + 4 + 4 * q
+        xh = (x0 + min(row0 + tid % I, nrows_x - 1) * stride_row_x) * 36
+        yh = (y0 + tid % 2 * ncols_y + min(col0 + tid // 2, ncols_y - 1)) * Q8_1_MMQ_INTS
+        return xh, yh
 
-    return load_tiles
+    @cuda.jit(device=True, inline=True)
+    def load_tiles(vx, vy, xs, xd, xm, ys, yd, ysum, tid, xo, yo, xh, yh, kb, ncols_y):
+        xk = kb * 36                               # ints per Q4_K block
+        yk = 2 * kb * ncols_y * Q8_1_MMQ_INTS      # two q8_1_mmq blocks per column and super-block
+        q = tid % 8
+        for r in range(NXQ):
+            v0, v1, v2, v3 = load_int4(vx, xo[r] + xk)
+            store_x(xs, (tid // 8 + (nthreads // 8) * r) * XS + 4 * q, v0, v1, v2, v3)
+        for r in range(NYQ):
+            p = tid + nthreads * r
+            if p < J * 16:
+                v0, v1, v2, v3 = load_int4(vy, yo[r] + yk)
+                store_int4(ys, p // 16 * YS + 32 * ((p // 8) % 2) + 4 * q, v0, v1, v2, v3)
+
+        # scales (tid < I) or mins (tid >= I) of row tid % I: sc0..3 / m0..3 in the low 6 bits of
+        # scale ints 1 / 2, sc4..7 / m4..7 from the nibbles of int 3 and the top bits of ints 1 / 2
+        row = tid % I
+        dm, s1, s2, s3 = load_int4(vx, xh + xk)
+        fd, fm = half2_float2(dm)
+        if tid < I:
+            f, lo, hi, dstv = fd, s1 & M6, (s3 & M4) | (((s1 >> 6) & M2) << 4), xd
+        else:
+            f, lo, hi, dstv = fm, s2 & M6, ((s3 >> 4) & M4) | (((s2 >> 6) & M2) << 4), xm
+        for k in range(4):
+            dstv[k * I + row] = f * np.float32((lo >> (8 * k)) & 0xFF)
+            dstv[(k + 4) * I + row] = f * np.float32((hi >> (8 * k)) & 0xFF)
+        if tid < 2 * J:
+            col = tid // 2
+            h = tid % 2
+            hdr = load_int4(vy, yh + yk)
+            for w in range(4):
+                d, s_ = half2_float2(hdr[w])
+                yd[(4 * h + w) * J + col] = d
+                ysum[(4 * h + w) * J + col] = s_
+
+    return tile_offsets, load_tiles
 
 
 def _make_mma_kernel(J):
-    I, nwarps = MMQ_I, MMQ_NWARPS
+    I, nwarps = MMQ_I, MMQ_NWARPS      # 16 rows per warp
     NT = J // 8                  # 8-column MMA tiles per warp
     NACC = 4 * NT
     XS, YS = 36, 68
     n_xs, n_xsc, n_ys, n_ysc = I * XS, 8 * I, J * YS, 8 * J
-    load_tiles = _load_tiles(I, J, XS, YS, 32 * nwarps)
+    tile_offsets, load_tiles = _load_tiles(I, J, XS, YS, 32 * nwarps)
+    NXQ, NYQ = _pieces(I, J, 32 * nwarps)
     mma = common.mma_s8_16x8x32
 
     @jit_kernel(launch_bounds=(32 * nwarps, MMQ_MIN_BLOCKS))
-    def mul_mat_q4_K_mma(vx, vx_h, vy, vy_h, dst, blocks_per_row, nrows_x, stride_row_x, ncols_y,
+    def mul_mat_q4_K_mma(vx, vy, dst, blocks_per_row, nrows_x, stride_row_x, ncols_y,
                          stride_col_dst, channel_ratio, stride_channel_x, stride_channel_dst, sample_ratio,
                          stride_sample_x, stride_sample_dst, kblocks, ne2):
         lane = cuda.threadIdx.x
@@ -220,36 +273,44 @@ def _make_mma_kernel(J):
         acc = cuda.local.array(NACC, numba.float32)
         for a in range(NACC):
             acc[a] = F32_ZERO
-        r0 = 16 * w + g          # this lane's two rows of the warp's 16
-        r1 = r0 + 8
+        r0 = 16 * w + g          # this lane's two rows of the warp's 16 (and r0 + 8)
+        # per-lane bases of the shared reads; sub-block k and tile nt add constants to them
+        xa = np.uint32(r0 * XS + t)
+        xsa = np.uint32(r0)
+        yb = np.uint32(g * YS + t)
+        yc = np.uint32(2 * t)
 
+        xo = cuda.local.array(NXQ, numba.int64)
+        yo = cuda.local.array(NYQ, numba.int64)
+        xh, yh = tile_offsets(tid, x0, y0, row0, col0, nrows_x, stride_row_x, ncols_y, xo, yo)
         for kb in range(blocks_per_row):
-            load_tiles(vx, vx_h, vy, vy_h, xs, xd, xm, ys, yd, ysum, tid, x0, y0, row0, col0, kb, nrows_x,
-                       stride_row_x, ncols_y)
+            load_tiles(vx, vy, xs, xd, xm, ys, yd, ysum, tid, xo, yo, xh, yh, kb, ncols_y)
             cuda.syncthreads()
             for k in range(8):
-                xo = 8 * (k // 2) + t
+                xk = np.uint32(xa + 8 * (k // 2))
                 sh = 4 * (k % 2)
-                a0 = (xs[np.uint32(r0 * XS + xo)] >> sh) & M4
-                a1 = (xs[np.uint32(r1 * XS + xo)] >> sh) & M4
-                a2 = (xs[np.uint32(r0 * XS + xo + 4)] >> sh) & M4
-                a3 = (xs[np.uint32(r1 * XS + xo + 4)] >> sh) & M4
-                dA0 = xd[np.uint32(k * I + r0)]
-                dA1 = xd[np.uint32(k * I + r1)]
-                mA0 = xm[np.uint32(k * I + r0)]
-                mA1 = xm[np.uint32(k * I + r1)]
+                a0 = (xs[xk] >> sh) & M4
+                a1 = (xs[xk + 8 * XS] >> sh) & M4
+                a2 = (xs[xk + 4] >> sh) & M4
+                a3 = (xs[xk + 8 * XS + 4] >> sh) & M4
+                sk = np.uint32(xsa + k * I)
+                dA0 = xd[sk]
+                dA1 = xd[sk + 8]
+                mA0 = xm[sk]
+                mA1 = xm[sk + 8]
+                ybk = np.uint32(yb + 8 * k)
+                yck = np.uint32(yc + k * J)
                 for nt in range(NT):
-                    yo = (8 * nt + g) * YS + 8 * k + t
-                    c0, c1, c2, c3 = mma(a0, a1, a2, a3, ys[np.uint32(yo)], ys[np.uint32(yo + 4)])
-                    ca = np.uint32(k * J + 8 * nt + 2 * t)
-                    d8a = yd[ca]
-                    d8b = yd[ca + 1]
-                    s8a = ysum[ca]
-                    s8b = ysum[ca + 1]
-                    acc[4 * nt] += (dA0 * d8a) * np.float32(c0) - mA0 * s8a
-                    acc[4 * nt + 1] += (dA0 * d8b) * np.float32(c1) - mA0 * s8b
-                    acc[4 * nt + 2] += (dA1 * d8a) * np.float32(c2) - mA1 * s8a
-                    acc[4 * nt + 3] += (dA1 * d8b) * np.float32(c3) - mA1 * s8b
+                    c0, c1, c2, c3 = mma(a0, a1, a2, a3, ys[ybk + 8 * YS * nt], ys[ybk + 8 * YS * nt + 4])
+                    d8a = yd[yck + 8 * nt]
+                    d8b = yd[yck + 8 * nt + 1]
+                    s8a = ysum[yck + 8 * nt]
+                    s8b = ysum[yck + 8 * nt + 1]
+                    # (dA·d8)·C − mA·s8, as two fused multiply-adds into the accumulator
+                    acc[4 * nt] = (acc[4 * nt] - mA0 * s8a) + (dA0 * d8a) * np.float32(c0)
+                    acc[4 * nt + 1] = (acc[4 * nt + 1] - mA0 * s8b) + (dA0 * d8b) * np.float32(c1)
+                    acc[4 * nt + 2] = (acc[4 * nt + 2] - mA1 * s8a) + (dA1 * d8a) * np.float32(c2)
+                    acc[4 * nt + 3] = (acc[4 * nt + 3] - mA1 * s8b) + (dA1 * d8b) * np.float32(c3)
             cuda.syncthreads()
 
         for nt in range(NT):
@@ -286,13 +347,14 @@ def get_kernel(J, mma):
 
 
 def launch_mmq(stream, vx, vx_h, vy, vy_h, dst, src0, dst_t):
-    """``dst_t = mul_mat(src0, src1)`` for Q4_K src0, src1 already in ``vy``/``vy_h`` (DS4)."""
+    """``dst_t = mul_mat(src0, src1)`` for Q4_K src0, src1 already in ``vy`` (DS4). The kernels
+    read the ``half2`` headers as int32 (``half2_float2``), so ``vx_h``/``vy_h`` go unused."""
     ne00, ne01, ne02, ne03 = src0.ne
     ncols, ne2, ne3 = dst_t.ne[1], dst_t.ne[2], dst_t.ne[3]
     bs = src0.nb[0]
     J = pick_J(ncols)
     grid = (cdiv(ne01, MMQ_I), cdiv(ncols, J), ne2 * ne3)
     get_kernel(J, use_mma())[grid, (32, MMQ_NWARPS), stream](
-        vx, vx_h, vy, vy_h, dst, ne00 // MMQ_ITER_K, ne01, src0.nb[1] // bs, ncols,
+        vx, vy, dst, ne00 // MMQ_ITER_K, ne01, src0.nb[1] // bs, ncols,
         ne01, ne2 // ne02, src0.nb[2] // bs, ne01 * ncols, ne3 // ne03, src0.nb[3] // bs,
         ne01 * ncols * ne2, mmq_kblocks(ne00), ne2)
