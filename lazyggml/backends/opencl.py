@@ -63,7 +63,7 @@ _WEIGHT_TYPES = {Type.F32: "f32", Type.F16: "f16", Type.Q8_0: "q8_0", Type.Q4_K:
 
 # mul_mat (mul_mat.cl says why there are two layouts of each kernel)
 MV_MAX_COLS = 8     # columns of src1 up to which the mat-vec kernels run
-MV_TILES = ((1, 1, 1), (2, 2, 2), (4, 2, 4), (8, 2, 8))  # CPU mat-vec: (up to n columns, R rows, NC columns)
+MV_TILES = ((1, 2, 1), (2, 2, 2), (4, 2, 4), (8, 2, 8))  # CPU mat-vec: (up to n columns, R rows, NC columns)
 MV_GROUP = 16       # CPU mat-vec: work-items per work-group
 MV_ROWS = 4         # GPU mat-vec: rows per work-group
 MM_BM = 32          # rows per tile

@@ -223,7 +223,7 @@ kernel void kernel_mul_mm_##T##_f32_lanes(global const char *src0, tensor_t a, g
 // The CPU mat-vec tiles (R rows x NC columns) by column count; backends/opencl.py's MV_TILES
 // lists the same.
 #define DEFINE_MUL_MAT(T)                                                                           \
-DEFINE_MUL_MV(T, 1, 1)                                                                             \
+DEFINE_MUL_MV(T, 2, 1)                                                                             \
 DEFINE_MUL_MV(T, 2, 2)                                                                             \
 DEFINE_MUL_MV(T, 2, 4)                                                                             \
 DEFINE_MUL_MV(T, 2, 8)                                                                             \
