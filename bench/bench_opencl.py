@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import lazyggml as lg  # noqa: E402
+from bench_generate import git_commit  # noqa: E402
 from lazyggml.alloc import alloc_ctx_tensors  # noqa: E402
 from lazyggml.quants import quantize  # noqa: E402
 
@@ -122,7 +123,7 @@ def main():
     lines = [
         f"MUL_MAT Q4_K x F32, m={M}, k={K}: {ocl.device.get_description()}; "
         f"CPU backend and GGML with {n_threads} threads; {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores; {datetime.date.today()}; median of {args.rounds} runs "
+        f"{os.cpu_count()} cores; {datetime.date.today()}; commit {git_commit()}; median of {args.rounds} runs "
         f"({max(2, args.rounds // 2)} for n > 8); load average at start: {load:.1f}.",
         "",
         "| n | OpenCL ms | OpenCL GFLOPS | CPU backend ms | GGML CPU ms | OpenCL/CPU | OpenCL/GGML | NMSE vs GGML |",

@@ -95,8 +95,11 @@ def _run_mul_mat(backend, type_, m, n, k, a_batch, b_batch, view, a_bytes, b_val
 
 
 MUL_MAT_CASES = [
-    # (m, n, k, a's dims 2-3, b's dims 2-3, views): n <= 8 is the mat-vec kernel, more the tiled one
+    # (m, n, k, a's dims 2-3, b's dims 2-3, views): n <= 8 is the mat-vec kernel (on a CPU device in
+    # tiles of 1, 2, 4 or 8 columns and 1 or 2 rows), more the tiled one (32 rows x 60 columns,
+    # register tiles of 4 x 6): odd m and n reach their tails
     (40, 1, 512, (1, 1), (1, 1), False),
+    (33, 2, 256, (1, 1), (1, 1), False),
     (40, 5, 512, (1, 1), (1, 1), False),
     (36, 8, 256, (2, 1), (4, 2), False),
     (40, 9, 512, (1, 1), (1, 1), False),
@@ -104,6 +107,7 @@ MUL_MAT_CASES = [
     (33, 20, 256, (2, 1), (4, 2), False),
     (12, 3, 256, (1, 1), (2, 1), True),
     (12, 17, 256, (1, 1), (2, 1), True),
+    (37, 67, 256, (1, 1), (1, 1), False),
 ]
 
 
@@ -128,6 +132,17 @@ def test_mul_mat(type_, shape, ocl, cpu):
         assert table.nmse(got, cpu_got) < MUL_MAT_NMSE
 
 
+@pytest.mark.parametrize("type_", [F32, F16, Q8_0])
+@pytest.mark.parametrize("n", [3, 61])
+def test_mul_mat_rows_not_a_multiple_of_256(type_, n, ocl):
+    """The tiled kernel steps 256 weights at a time: its last step is shorter here."""
+    rng = np.random.default_rng(table.SEED)
+    a_bytes, a_vals = _weights(rng, type_, (5, 800))
+    b = rng.uniform(-1, 1, (n, 800)).astype(np.float32)
+    got = _run_mul_mat(ocl, type_, 5, n, 800, (1, 1), (1, 1), False, a_bytes, b, host=False)
+    assert table.nmse(got[0, 0], b.astype(np.float64) @ a_vals.T) < 1e-10
+
+
 @pytest.mark.parametrize("type_", [F32, F16])
 @pytest.mark.parametrize("n", [1, 12])
 def test_mul_mat_rows_not_a_multiple_of_16(type_, n, ocl):
@@ -139,13 +154,15 @@ def test_mul_mat_rows_not_a_multiple_of_16(type_, n, ocl):
 
 
 @pytest.mark.parametrize("type_", [F32, Q4_K, Q6_K])
-def test_mul_mat_vec_several_lanes_per_row(type_, ocl, monkeypatch):
-    """The GPU layout of the mat-vec kernel (work-items share a row, local-memory reduction)."""
+@pytest.mark.parametrize("n", [3, 20])
+def test_mul_mat_gpu_layout(type_, n, ocl, monkeypatch):
+    """The GPU layouts: work-items share a mat-vec row (local-memory reduction) or a tile."""
+    monkeypatch.setattr(ocl, "cpu_layout", False)
     monkeypatch.setattr(ocl, "mv_lanes", 4)
     rng = np.random.default_rng(table.SEED)
     a_bytes, a_vals = _weights(rng, type_, (9, 1280))
-    b = rng.uniform(-1, 1, (3, 1280)).astype(np.float32)
-    got = _run_mul_mat(ocl, type_, 9, 3, 1280, (1, 1), (1, 1), False, a_bytes, b, host=False)
+    b = rng.uniform(-1, 1, (n, 1280)).astype(np.float32)
+    got = _run_mul_mat(ocl, type_, 9, n, 1280, (1, 1), (1, 1), False, a_bytes, b, host=False)
     assert table.nmse(got[0, 0], b.astype(np.float64) @ a_vals.T) < 1e-10
 
 
@@ -285,6 +302,8 @@ def test_supports_op_refuses_what_is_not_implemented(ocl):
         lg.mul_mat(f32, ctx.new_tensor_2d(F16, 32, 4)),
         lg.mul_mat(f32, lg.transpose(ctx.new_tensor_2d(F32, 4, 32))),  # src1 rows not contiguous
         lg.get_rows(ctx.new_tensor_2d(Type.Q4_0, 32, 4), ctx.new_tensor_1d(Type.I32, 2)),
+        # Q4_K blocks are read with 16-byte loads: a view that starts 8 bytes in is refused
+        lg.mul_mat(lg.view_2d(ctx.new_tensor_1d(Q4_K, 1024), 256, 2, 144, 8), ctx.new_tensor_2d(F32, 256, 3)),
         lg.cpy(f32, ctx.new_tensor_2d(Type.Q8_0, 32, 4)),
         lg.cpy(f32, ctx.new_tensor_2d(Type.BF16, 32, 4)),
     ]

@@ -61,10 +61,14 @@ _BINARY_OPS = (Op.ADD, Op.SUB, Op.MUL, Op.DIV)
 # weight types of get_rows and mul_mat -> the kernels' name suffix
 _WEIGHT_TYPES = {Type.F32: "f32", Type.F16: "f16", Type.Q8_0: "q8_0", Type.Q4_K: "q4_K", Type.Q6_K: "q6_K"}
 
-MV_MAX_COLS = 8     # mul_mat: columns of src1 up to which the mat-vec kernel runs (mul_mat.cl)
-MV_ROWS = 4         # rows per work-group of the lanes mat-vec (mul_mat.cl)
-MV_GROUP = 16       # rows per work-group of the one-work-item-per-row mat-vec
-MM_BM, MM_NC, MM_NW = 32, 8, 8  # mul_mat.cl's tile rows, columns per work-item; work-items per group
+# mul_mat (mul_mat.cl says why there are two layouts of each kernel)
+MV_MAX_COLS = 8     # columns of src1 up to which the mat-vec kernels run
+MV_TILES = ((1, 2, 1), (2, 2, 2), (4, 2, 4), (8, 2, 8))  # CPU mat-vec: (up to n columns, R rows, NC columns)
+MV_GROUP = 16       # CPU mat-vec: work-items per work-group
+MV_ROWS = 4         # GPU mat-vec: rows per work-group
+MM_BM = 32          # rows per tile
+MM_CPU_COLS = 60    # CPU tiled kernel: columns per work-item (MM_CB * MM_TC)
+MM_NC, MM_NW = 8, 8  # GPU tiled kernel: columns per work-item, work-items per group
 MAX_LANES = 256     # common.cl's MAX_LANES
 ROW_LANES = 64      # lanes per row for the row kernels, at most
 
@@ -224,9 +228,11 @@ class OpenCLBackend(Backend):
         super().__init__(device)
         self.queue = device.queue
         self.kernels = device.kernels()
-        # mat-vec work-items per row: one on a CPU device (float16 vectors are its SIMD lanes),
-        # a warp's worth on a GPU so that a row's blocks are read by neighbouring work-items
-        self.mv_lanes = 1 if device.is_cpu else 32
+        # mul_mat.cl's layouts: on a CPU device a work-item has a tile of its own (its SIMD lanes
+        # are float16 components); on a GPU neighbouring work-items share a row (mv_lanes of
+        # them, a warp's worth) or a tile
+        self.cpu_layout = device.is_cpu
+        self.mv_lanes = 32
 
     # -- async copies and events --
     def set_tensor_async(self, t, data, offset, size):
@@ -421,7 +427,8 @@ def _rope(be, node):
 
 def _get_rows_ok(node):
     a, idx = node.src[0], node.src[1]
-    return a.type in _WEIGHT_TYPES and a.nb[0] == type_size(a.type) and _index(idx) and _f32(node)
+    return (a.type in _WEIGHT_TYPES and a.nb[0] == type_size(a.type) and _blocks_aligned(a) and _index(idx)
+            and _f32(node))
 
 
 @_forward(Op.GET_ROWS, supports=_get_rows_ok)
@@ -479,32 +486,46 @@ def _repeat(be, node):
     be.launch_rows(f"kernel_repeat_{_MOVE_SIZES[node.type]}", node, *targ(node.src[0]), *targ(node))
 
 
+def _blocks_aligned(t):
+    """Q4_K blocks are read with 16-byte loads (quants.cl): they must start 16-byte aligned. Buffers
+    and tensors are allocated at least 32-byte aligned, so the view offset and strides decide."""
+    return t.type != Type.Q4_K or (t.view_offs % 16 == 0 and all(nb % 16 == 0 for nb in t.nb[1:]))
+
+
 def _mul_mat_ok(node):
     a, b = node.src[0], node.src[1]
-    return (a.type in _WEIGHT_TYPES and a.nb[0] == type_size(a.type) and _f32(node, b) and b.nb[0] == 4
-            and all(nb % 4 == 0 for nb in b.nb))
+    return (a.type in _WEIGHT_TYPES and a.nb[0] == type_size(a.type) and _blocks_aligned(a) and _f32(node, b)
+            and b.nb[0] == 4 and all(nb % 4 == 0 for nb in b.nb))
 
 
 @_forward(Op.MUL_MAT, supports=_mul_mat_ok)
 def _mul_mat(be, node):
-    """The mat-vec kernel up to MV_MAX_COLS columns, the tiled one above (mul_mat.cl says why)."""
+    """The mat-vec kernels up to MV_MAX_COLS columns, the tiled ones above, in the device's layout."""
     a, b = node.src[0], node.src[1]
     suffix = _WEIGHT_TYPES[a.type]
     m, n, batch = a.ne[1], b.ne[1], b.ne[2] * b.ne[3]
     args = (*targ(a), *targ(b), *targ(node))
     if a.type in (Type.F32, Type.F16) and a.ne[0] % 16:
         be.launch(f"kernel_mul_mat_{suffix}_f32_naive", (m, n, batch), None, *args)
-    elif n <= MV_MAX_COLS and be.mv_lanes == 1:
-        be.launch(f"kernel_mul_mv_{suffix}_f32", (-(-m // MV_GROUP) * MV_GROUP, batch), (MV_GROUP, 1), *args)
+    elif n <= MV_MAX_COLS and be.cpu_layout:
+        _, r, nc = next(t for t in MV_TILES if n <= t[0])
+        be.launch(f"kernel_mul_mv_{suffix}_f32_{r}x{nc}", (_round_up(-(-m // r), MV_GROUP), batch), (MV_GROUP, 1),
+                  *args)
     elif n <= MV_MAX_COLS:
         lanes = be.mv_lanes
-        be.launch(f"kernel_mul_mv_{suffix}_f32_lanes", (lanes, -(-m // MV_ROWS) * MV_ROWS, batch),
-                  (lanes, MV_ROWS, 1), *args)
+        be.launch(f"kernel_mul_mv_{suffix}_f32_lanes", (lanes, _round_up(m, MV_ROWS), batch), (lanes, MV_ROWS, 1),
+                  *args)
+    elif be.cpu_layout:
+        be.launch(f"kernel_mul_mm_{suffix}_f32", (-(-m // MM_BM), -(-n // MM_CPU_COLS), batch), (1, 1, 1), *args)
     else:
         col_groups = -(-n // MM_NC)
         nw = min(MM_NW, col_groups)
-        be.launch(f"kernel_mul_mm_{suffix}_f32", (-(-m // MM_BM) * nw, -(-col_groups // nw), batch), (nw, 1, 1),
-                  *args)
+        be.launch(f"kernel_mul_mm_{suffix}_f32_lanes", (-(-m // MM_BM) * nw, -(-col_groups // nw), batch),
+                  (nw, 1, 1), *args)
+
+
+def _round_up(n, k):
+    return -(-n // k) * k
 
 
 # -- level 5: registry -------------------------------------------------------------------------------------

@@ -4,109 +4,103 @@
 // Rows of src0 and src1 must be contiguous (nb00 = type size, nb10 = 4); everything else is
 // strided, so permuted views (attention's K and Q) need no copy.
 //
-// Three kernels, picked by the host:
-// * kernel_mul_mv_<T>_f32  (ne11 <= MV_MAX_COLS): the weights are read once, dequantized on the
-//   fly, and each block is dotted with every column. One work-item walks a whole row of blocks;
-//   kernel_mul_mv_<T>_f32_lanes lets `lanes` work-items share a row (every lanes-th block) and
-//   add up in local memory, for GPUs. The SIMD lanes are the components of float16 vectors
-//   inside a work-item: on a CPU device (PoCL) that beat GGML's "8 work-items per super-block"
-//   layout about ten times, because PoCL runs the work-items of a group one after the other.
-// * kernel_mul_mm_<T>_f32  (more columns): a work-group dequantizes a tile of MM_BM rows x MM_KS
-//   weights into local memory, transposed so that one float16 load gives 16 rows at one k, and
-//   each work-item accumulates those rows against MM_NC columns (an outer product per k).
+// A CPU device (PoCL) runs the work-items of a work-group one after the other, as a loop, so a
+// work-item is a stretch of one core's time and its SIMD lanes are the components of float16
+// vectors; values it keeps across a barrier go to memory (one copy per work-item). A GPU runs
+// work-items side by side. So each product has two layouts, picked by the host:
+// * kernel_mul_mv_<T>_f32_<R>x<NC>  (CPU, ne11 <= MV_MAX_COLS): one work-item computes R rows x
+//   NC columns, walking the whole rows: each block is dequantized once into registers and
+//   multiplied with the NC columns, R rows sharing each load of the activations.
+//   kernel_mul_mv_<T>_f32_lanes  (GPU): `lanes` work-items share a row (every lanes-th block)
+//   and add up in local memory.
+// * kernel_mul_mm_<T>_f32  (CPU, more columns): GGML's CPU cache blocking. A work-group of one
+//   work-item dequantizes a tile of MM_BM rows x MM_KS weights into local memory and reuses it
+//   for MM_CB*MM_TC columns, in register tiles of MM_TR rows x MM_TC columns whose sums wait in
+//   private memory from one k-step to the next.
+//   kernel_mul_mm_<T>_f32_lanes  (GPU): the work-items of a group dequantize the tile together,
+//   transposed so that one float16 load gives 16 rows at one k, and each accumulates those rows
+//   against MM_NC columns (an outer product per k).
 // * kernel_mul_mat_<T>_f32_naive: F32/F16 weights whose rows are not a multiple of 16 long; one
 //   work-item per result element, a plain loop (GGML's "_generic" reference idea).
+//
+// Measured on PoCL (2 cores, m=4096, k=14336, Q4_K): bench/results/opencl.md's notes.
 
 #define MV_MAX_COLS 8
 #define MV_ROWS 4         // rows of src0 per work-group of the lanes mat-vec (local size dim 1)
 #define MV_MAX_LANES 32   // work-items per row of the mat-vec (local size dim 0), at most
-#define MM_BM 32          // rows of src0 per tile: two float16 vectors
-#define MM_NC 8           // columns of src1 per work-item
+#define MM_BM 32          // rows of src0 per tile
 #define MM_KS 256         // weights per row in one tile step (a K-quant super-block)
+#define MM_TR 4           // CPU tiled kernel: register tile of MM_TR rows x MM_TC columns,
+#define MM_TC 6           //   24 float16 sums of the 32 vector registers of AVX-512
+#define MM_CB 10          //   and MM_CB such column blocks per work-item
+#define MM_NC 8           // GPU tiled kernel: columns of src1 per work-item
 
-// -- mat-vec blocks: acc[c] += (dequantized block) * (column c's matching 16-float slices) -----------
-// y points at the block's first activation in column 0; ys is the column stride in floats.
-#define DEFINE_MV_BLOCK(T)                                                                          \
-static inline void mv_block_##T(global const uchar *blk, global const float *y, ulong ys, int ncols, \
-                                float16 *acc) {                                                    \
-    _Pragma("unroll")                                                                                \
-    for (int j = 0; j < GPB_##T; j++) {                                                            \
-        const float16 w = dequant16_##T(blk, j);                                                   \
-        for (int c = 0; c < ncols; c++) acc[c] += w * vload16(j, y + c * ys);                      \
+// The batch indices of dst's dims 2-3 and of src0's (broadcast), from a global id.
+#define BATCH_IDS(batch)                                                                            \
+    const int i12 = (batch) % b.ne[2], i13 = (batch) / b.ne[2];                                     \
+    const int i02 = i12 / (b.ne[2] / a.ne[2]), i03 = i13 / (b.ne[3] / a.ne[3])
+
+// -- the mat-vec step: acc[r][c] += (block ib of row x[r]) . (column c's matching 16-float slices) --
+// y is column 0 of src1 at element 0, ys the column stride in floats; columns c >= nc are left
+// alone (in the CPU kernels nc is NC and the test folds away).
+#define DEFINE_MV_STEP(T, R, NC)                                                                    \
+static inline void mv_step_##T##_##R##x##NC(global const uchar *const *x, int ib, global const float *y, \
+                                            ulong ys, int nc, float16 acc[R][NC]) {                 \
+    float s[R][16];                                                                                \
+    _Pragma("unroll") for (int r = 0; r < R; r++) block_scales_##T(x[r] + ib * TS_##T, s[r]);       \
+    _Pragma("unroll") for (int j = 0; j < GPB_##T; j++) {                                          \
+        float16 w[R];                                                                              \
+        _Pragma("unroll") for (int r = 0; r < R; r++) w[r] = dequant16_##T(x[r] + ib * TS_##T, s[r], j); \
+        _Pragma("unroll") for (int c = 0; c < NC; c++) {                                           \
+            if (c < nc) {                                                                          \
+                const float16 yv = vload16(0, y + c * ys + ib * QK_##T + 16 * j);                  \
+                _Pragma("unroll") for (int r = 0; r < R; r++) acc[r][c] += w[r] * yv;              \
+            }                                                                                      \
+        }                                                                                          \
     }                                                                                              \
-}
-DEFINE_MV_BLOCK(f32)
-DEFINE_MV_BLOCK(f16)
-DEFINE_MV_BLOCK(q8_0)
-DEFINE_MV_BLOCK(q6_K)
-
-// Q4_K gets its own: the 8 scales and mins of a super-block are unpacked at once with the bulk
-// 32-bit form of get_scale_min_k4 (spec §2), instead of once per group of 16 as dequant16_q4_K
-// does. Measured on PoCL: about half the time of the generic block above.
-static inline void mv_block_q4_K(global const uchar *blk, global const float *y, ulong ys, int ncols,
-                                 float16 *acc) {
-    const float d = vload_half(0, (global const half *)blk), dmin = vload_half(1, (global const half *)blk);
-    const uint u0 = as_uint(vload4(0, blk + 4)), u1 = as_uint(vload4(0, blk + 8)), u2 = as_uint(vload4(0, blk + 12));
-    const uint sc_lo = u0 & 0x3f3f3f3f, sc_hi = (u2 & 0x0f0f0f0f) | (((u0 >> 6) & 0x03030303) << 4);
-    const uint m_lo = u1 & 0x3f3f3f3f, m_hi = ((u2 >> 4) & 0x0f0f0f0f) | (((u1 >> 6) & 0x03030303) << 4);
-    float sc[8], mn[8];  // d*sc and dmin*m of the 8 sub-blocks
-    vstore8(d * convert_float8((uchar8)(as_uchar4(sc_lo), as_uchar4(sc_hi))), 0, sc);
-    vstore8(dmin * convert_float8((uchar8)(as_uchar4(m_lo), as_uchar4(m_hi))), 0, mn);
-    global const uchar *qs = blk + 16;
-    _Pragma("unroll")
-    for (int ch = 0; ch < 4; ch++) {  // chunk ch: sub-blocks 2ch (low nibbles) and 2ch+1 (high)
-        const uchar16 qa = vload16(0, qs + 32 * ch), qb = vload16(0, qs + 32 * ch + 16);
-        // the 64 weights of the chunk, dequantized once for all the columns
-        const float16 w0 = sc[2 * ch] * convert_float16(qa & (uchar)0xF) - mn[2 * ch];
-        const float16 w1 = sc[2 * ch] * convert_float16(qb & (uchar)0xF) - mn[2 * ch];
-        const float16 w2 = sc[2 * ch + 1] * convert_float16(qa >> (uchar)4) - mn[2 * ch + 1];
-        const float16 w3 = sc[2 * ch + 1] * convert_float16(qb >> (uchar)4) - mn[2 * ch + 1];
-        for (int c = 0; c < ncols; c++) {
-            global const float *yc = y + c * ys + 64 * ch;
-            acc[c] += w0 * vload16(0, yc) + w1 * vload16(1, yc) + w2 * vload16(2, yc) + w3 * vload16(3, yc);
-        }
-    }
 }
 
 // -- the mat-vec kernels ---------------------------------------------------------------------------
-// MV_PROLOGUE: the batch indices (broadcasting src0 over dims 2 and 3), src0's row, src1's first column.
-#define MV_PROLOGUE(i01, batch)                                                                     \
-    const int i12 = (batch) % b.ne[2], i13 = (batch) / b.ne[2];                                     \
-    const int i02 = i12 / (b.ne[2] / a.ne[2]), i03 = i13 / (b.ne[3] / a.ne[3]);                     \
-    const int ncols = b.ne[1];                                                                      \
-    global const uchar *x = (global const uchar *)T_PTR(src0, a, 0, i01, i02, i03);                \
+// CPU: global = (ceil(ne01/R) rounded up to the work-group size, ne12*ne13), local = (16, 1).
+// The pragmas matter: PoCL's compiler left these small loops rolled, and the tile went to memory.
+#define DEFINE_MUL_MV(T, R, NC)                                                                     \
+DEFINE_MV_STEP(T, R, NC)                                                                           \
+kernel void kernel_mul_mv_##T##_f32_##R##x##NC(global const char *src0, tensor_t a, global const char *src1, \
+                                               tensor_t b, global char *dst, tensor_t d) {          \
+    const int r0 = get_global_id(0) * R;                                                           \
+    if (r0 >= a.ne[1]) return;                                                                     \
+    BATCH_IDS(get_global_id(1));                                                                   \
+    global const uchar *x[R];  /* rows past ne01 re-read the last one and are not written */       \
+    _Pragma("unroll") for (int r = 0; r < R; r++)                                                   \
+        x[r] = (global const uchar *)T_PTR(src0, a, 0, min(r0 + r, a.ne[1] - 1), i02, i03);         \
     global const float *y = (global const float *)T_PTR(src1, b, 0, 0, i12, i13);                  \
-    const ulong ys = b.nb[1] / 4;                                                                   \
-    float16 acc[MV_MAX_COLS];                                                                       \
-    for (int c = 0; c < MV_MAX_COLS; c++) acc[c] = 0.0f
+    float16 acc[R][NC];                                                                            \
+    _Pragma("unroll") for (int r = 0; r < R; r++) _Pragma("unroll") for (int c = 0; c < NC; c++) acc[r][c] = 0.0f; \
+    for (int ib = 0; ib < a.ne[0] / QK_##T; ib++) mv_step_##T##_##R##x##NC(x, ib, y, b.nb[1] / 4, b.ne[1], acc); \
+    _Pragma("unroll") for (int r = 0; r < R; r++) _Pragma("unroll") for (int c = 0; c < NC; c++)  \
+        if (r0 + r < a.ne[1] && c < b.ne[1]) T_F32(dst, d, r0 + r, c, i12, i13) = hsum16(acc[r][c]); \
+}
 
-// One work-item per row of src0, all of its blocks, no local memory: the CPU layout.
-// global = (ne01 rounded up to the work-group size, ne12*ne13), local = (16, 1) on PoCL: 16 rows per
-// group measured 15-20% faster than 4 (m=4096, k=14336, 2 cores).
-#define DEFINE_MUL_MV(T)                                                                            \
-kernel void kernel_mul_mv_##T##_f32(global const char *src0, tensor_t a, global const char *src1,   \
-                                    tensor_t b, global char *dst, tensor_t d) {                     \
-    const int i01 = get_global_id(0);                                                              \
-    if (i01 >= a.ne[1]) return;                                                                    \
-    MV_PROLOGUE(i01, get_global_id(1));                                                            \
-    for (int ib = 0; ib < a.ne[0] / QK_##T; ib++)                                                  \
-        mv_block_##T(x + ib * TS_##T, y + ib * QK_##T, ys, ncols, acc);                           \
-    for (int c = 0; c < ncols; c++) T_F32(dst, d, i01, c, i12, i13) = hsum16(acc[c]);              \
-}                                                                                                  \
-/* `lanes` work-items per row take every lanes-th block and add up in local memory: the GPU      \
-   layout. global = (lanes, ceil(ne01/MV_ROWS)*MV_ROWS, ne12*ne13), local = (lanes, MV_ROWS, 1).   \
-   (PoCL 3 miscomputes this kernel when lanes = 1, hence the separate kernel above.) */           \
+// GPU: `lanes` work-items per row take every lanes-th block and add up in local memory.
+// global = (lanes, ceil(ne01/MV_ROWS)*MV_ROWS, ne12*ne13), local = (lanes, MV_ROWS, 1).
+// (PoCL 3 miscomputes this kernel when lanes = 1: the CPU layout is the kernel above.)
+#define DEFINE_MUL_MV_LANES(T)                                                                      \
+DEFINE_MV_STEP(T, 1, MV_MAX_COLS)                                                                  \
 kernel void kernel_mul_mv_##T##_f32_lanes(global const char *src0, tensor_t a, global const char *src1, \
                                           tensor_t b, global char *dst, tensor_t d) {               \
     local float red[MV_ROWS * MV_MAX_COLS * MV_MAX_LANES];                                          \
     const int lane = get_local_id(0), nl = get_local_size(0), lr = get_local_id(1);                \
-    const int i01 = get_global_id(1);                                                              \
+    const int i01 = get_global_id(1), ncols = b.ne[1];                                             \
+    BATCH_IDS(get_global_id(2));                                                                   \
     /* padding rows (i01 >= ne01) redo the last row, so that all reach the barrier the same way */ \
-    MV_PROLOGUE(min(i01, a.ne[1] - 1), get_global_id(2));                                          \
+    global const uchar *x[1] = {(global const uchar *)T_PTR(src0, a, 0, min(i01, a.ne[1] - 1), i02, i03)}; \
+    global const float *y = (global const float *)T_PTR(src1, b, 0, 0, i12, i13);                 \
+    float16 acc[1][MV_MAX_COLS];                                                                   \
+    for (int c = 0; c < MV_MAX_COLS; c++) acc[0][c] = 0.0f;                                        \
     for (int ib = lane; ib < a.ne[0] / QK_##T; ib += nl)                                           \
-        mv_block_##T(x + ib * TS_##T, y + ib * QK_##T, ys, ncols, acc);                           \
+        mv_step_##T##_1x##MV_MAX_COLS(x, ib, y, b.nb[1] / 4, ncols, acc);                          \
     local float *r = red + lr * MV_MAX_COLS * MV_MAX_LANES;                                        \
-    for (int c = 0; c < ncols; c++) r[c * MV_MAX_LANES + lane] = hsum16(acc[c]);                   \
+    for (int c = 0; c < ncols; c++) r[c * MV_MAX_LANES + lane] = hsum16(acc[0][c]);                \
     barrier(CLK_LOCAL_MEM_FENCE);                                                                  \
     for (int c = lane; i01 < a.ne[1] && c < ncols; c += nl) {  /* lane l adds up columns l, l+nl.. */ \
         float s = 0.0f;                                                                            \
@@ -115,19 +109,72 @@ kernel void kernel_mul_mv_##T##_f32_lanes(global const char *src0, tensor_t a, g
     }                                                                                              \
 }
 
-// -- the tiled kernel ------------------------------------------------------------------------------
-// global = (ceil(ne01/MM_BM)*nw, ceil(ne11/(MM_NC*nw)), ne12*ne13), local = (nw, 1, 1).
-// Row tiles run along dim 0, so work-groups that run one after the other share their columns
-// (which then stay in the CPU's caches) and differ in their weights.
+// -- the tiled kernels -----------------------------------------------------------------------------
+// CPU: global = (ceil(ne01/MM_BM), ceil(ne11/(MM_CB*MM_TC)), ne12*ne13), local = (1, 1, 1).
+// Per k-step a work-item reads MM_BM*MM_KS weights (32 KB as floats, in the L1 cache) and
+// MM_CB*MM_TC columns of MM_KS activations, and does MM_BM*MM_KS*MM_CB*MM_TC multiply-adds.
 #define DEFINE_MUL_MM(T)                                                                            \
 kernel void kernel_mul_mm_##T##_f32(global const char *src0, tensor_t a, global const char *src1,   \
                                     tensor_t b, global char *dst, tensor_t d) {                     \
+    local float tile[MM_BM * MM_KS];  /* tile[r*MM_KS + k]: weight k0+k of row r0+r */             \
+    float16 sums[MM_BM / MM_TR][MM_CB][MM_TR][MM_TC];                                              \
+    const int r0 = get_group_id(0) * MM_BM, c0 = get_group_id(1) * MM_CB * MM_TC;                  \
+    const int ncb = min(MM_CB, (b.ne[1] - c0 + MM_TC - 1) / MM_TC);  /* column blocks with columns */ \
+    BATCH_IDS(get_global_id(2));                                                                   \
+    for (int rb = 0; rb < MM_BM / MM_TR; rb++) for (int cb = 0; cb < ncb; cb++)                     \
+        _Pragma("unroll") for (int r = 0; r < MM_TR; r++)                                           \
+            _Pragma("unroll") for (int c = 0; c < MM_TC; c++) sums[rb][cb][r][c] = 0.0f;           \
+    for (int k0 = 0; k0 < a.ne[0]; k0 += MM_KS) {                                                  \
+        const int kn = min(MM_KS, a.ne[0] - k0);                                                   \
+        for (int r = 0; r < MM_BM; r++) {  /* rows past ne01 re-read the last one */               \
+            global const uchar *x = (global const uchar *)T_PTR(src0, a, 0, min(r0 + r, a.ne[1] - 1), i02, i03); \
+            for (int e = 0; e < kn; e += QK_##T) {                                                 \
+                global const uchar *blk = x + (k0 + e) / QK_##T * TS_##T;                          \
+                float s[16];                                                                       \
+                block_scales_##T(blk, s);                                                          \
+                _Pragma("unroll") for (int j = 0; j < GPB_##T; j++)                                 \
+                    vstore16(dequant16_##T(blk, s, j), e / 16 + j, tile + r * MM_KS);              \
+            }                                                                                      \
+        }                                                                                          \
+        for (int cb = 0; cb < ncb; cb++) {  /* columns past ne11 re-read the last one */           \
+            global const float *y[MM_TC];                                                          \
+            _Pragma("unroll") for (int c = 0; c < MM_TC; c++)                                       \
+                y[c] = (global const float *)T_PTR(src1, b, k0, min(c0 + cb * MM_TC + c, b.ne[1] - 1), i12, i13); \
+            for (int rb = 0; rb < MM_BM / MM_TR; rb++) {                                           \
+                float16 acc[MM_TR][MM_TC];                                                         \
+                _Pragma("unroll") for (int r = 0; r < MM_TR; r++)                                   \
+                    _Pragma("unroll") for (int c = 0; c < MM_TC; c++) acc[r][c] = sums[rb][cb][r][c]; \
+                for (int kk = 0; kk < kn / 16; kk++) {                                             \
+                    float16 w[MM_TR];                                                              \
+                    _Pragma("unroll") for (int r = 0; r < MM_TR; r++) w[r] = vload16(kk, tile + (rb * MM_TR + r) * MM_KS); \
+                    _Pragma("unroll") for (int c = 0; c < MM_TC; c++) {                             \
+                        const float16 yv = vload16(kk, y[c]);                                      \
+                        _Pragma("unroll") for (int r = 0; r < MM_TR; r++) acc[r][c] += w[r] * yv;  \
+                    }                                                                              \
+                }                                                                                  \
+                _Pragma("unroll") for (int r = 0; r < MM_TR; r++)                                   \
+                    _Pragma("unroll") for (int c = 0; c < MM_TC; c++) sums[rb][cb][r][c] = acc[r][c]; \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    for (int rb = 0; rb < MM_BM / MM_TR; rb++) for (int cb = 0; cb < ncb; cb++)                     \
+        for (int r = 0; r < MM_TR; r++) for (int c = 0; c < MM_TC; c++) {                          \
+            const int i01 = r0 + rb * MM_TR + r, i11 = c0 + cb * MM_TC + c;                        \
+            if (i01 < a.ne[1] && i11 < b.ne[1]) T_F32(dst, d, i01, i11, i12, i13) = hsum16(sums[rb][cb][r][c]); \
+        }                                                                                          \
+}
+
+// GPU: global = (ceil(ne01/MM_BM)*nw, ceil(ne11/(MM_NC*nw)), ne12*ne13), local = (nw, 1, 1).
+// Row tiles run along dim 0, so work-groups that run one after the other share their columns
+// and differ in their weights.
+#define DEFINE_MUL_MM_LANES(T)                                                                      \
+kernel void kernel_mul_mm_##T##_f32_lanes(global const char *src0, tensor_t a, global const char *src1, \
+                                          tensor_t b, global char *dst, tensor_t d) {               \
     local float tile[MM_KS * MM_BM];  /* tile[k*MM_BM + r]: weight k of tile row r */              \
     const int lane = get_local_id(0), nw = get_local_size(0);                                      \
     const int r0 = get_group_id(0) * MM_BM;                                                        \
     const int c0 = (get_group_id(1) * nw + lane) * MM_NC;                                          \
-    const int i12 = get_global_id(2) % b.ne[2], i13 = get_global_id(2) / b.ne[2];                 \
-    const int i02 = i12 / (b.ne[2] / a.ne[2]), i03 = i13 / (b.ne[3] / a.ne[3]);                    \
+    BATCH_IDS(get_global_id(2));                                                                   \
     const int ngroups = a.ne[0] / 16;                                                              \
     global const char *x0 = T_PTR(src0, a, 0, 0, i02, i03);                                        \
     global const float *y[MM_NC];  /* columns past ne11 re-read the last one and are not written */ \
@@ -141,8 +188,11 @@ kernel void kernel_mul_mm_##T##_f32(global const char *src0, tensor_t a, global 
             const int r = p % MM_BM, jg = p / MM_BM, g = k0 / 16 + jg;                             \
             float16 w = 0.0f;                                                                      \
             if (g < ngroups) {                                                                     \
-                global const uchar *x = (global const uchar *)(x0 + min(r0 + r, a.ne[1] - 1) * a.nb[1]); \
-                w = dequant16_##T(x + (g / GPB_##T) * TS_##T, g % GPB_##T);                        \
+                global const uchar *blk = (global const uchar *)(x0 + min(r0 + r, a.ne[1] - 1) * a.nb[1]) \
+                                          + (g / GPB_##T) * TS_##T;                                \
+                float s[16];                                                                       \
+                block_scales_##T(blk, s);                                                          \
+                w = dequant16_##T(blk, s, g % GPB_##T);                                            \
             }                                                                                      \
             local float *t = tile + 16 * jg * MM_BM + r;                                           \
             t[0 * MM_BM] = w.s0;  t[1 * MM_BM] = w.s1;  t[2 * MM_BM] = w.s2;  t[3 * MM_BM] = w.s3;    \
@@ -170,16 +220,21 @@ kernel void kernel_mul_mm_##T##_f32(global const char *src0, tensor_t a, global 
     }                                                                                              \
 }
 
-DEFINE_MUL_MV(f32)
-DEFINE_MUL_MV(f16)
-DEFINE_MUL_MV(q8_0)
-DEFINE_MUL_MV(q4_K)
-DEFINE_MUL_MV(q6_K)
-DEFINE_MUL_MM(f32)
-DEFINE_MUL_MM(f16)
-DEFINE_MUL_MM(q8_0)
-DEFINE_MUL_MM(q4_K)
-DEFINE_MUL_MM(q6_K)
+// The CPU mat-vec tiles (R rows x NC columns) by column count; backends/opencl.py's MV_TILES
+// lists the same.
+#define DEFINE_MUL_MAT(T)                                                                           \
+DEFINE_MUL_MV(T, 2, 1)                                                                             \
+DEFINE_MUL_MV(T, 2, 2)                                                                             \
+DEFINE_MUL_MV(T, 2, 4)                                                                             \
+DEFINE_MUL_MV(T, 2, 8)                                                                             \
+DEFINE_MUL_MV_LANES(T)                                                                             \
+DEFINE_MUL_MM(T)                                                                                   \
+DEFINE_MUL_MM_LANES(T)
+DEFINE_MUL_MAT(f32)
+DEFINE_MUL_MAT(f16)
+DEFINE_MUL_MAT(q8_0)
+DEFINE_MUL_MAT(q4_K)
+DEFINE_MUL_MAT(q6_K)
 
 // -- F32/F16 weights with rows that are not a multiple of 16 -------------------------------------
 // global = (ne01, ne11, ne12*ne13), local chosen by the implementation

@@ -23,8 +23,12 @@ kernel void kernel_get_rows_##T(global const char *src0, tensor_t a, global cons
     const long r = read_index(idx, b, i1, i2, i3, is64);                                           \
     global const uchar *x = (global const uchar *)T_PTR(src0, a, 0, r, i2, i3);                    \
     global float *y = (global float *)T_PTR(dst, d, 0, i1, i2, i3);                                \
-    for (int g = lane; g < d.ne[0] / 16; g += nl)                                                  \
-        vstore16(dequant16_##T(x + (g / GPB_##T) * TS_##T, g % GPB_##T), g, y);                   \
+    for (int g = lane; g < d.ne[0] / 16; g += nl) {                                                \
+        global const uchar *blk = x + (g / GPB_##T) * TS_##T;                                      \
+        float s[16];                                                                               \
+        block_scales_##T(blk, s);                                                                  \
+        vstore16(dequant16_##T(blk, s, g % GPB_##T), g, y);                                        \
+    }                                                                                              \
 }
 DEFINE_GET_ROWS_Q(q8_0)
 DEFINE_GET_ROWS_Q(q4_K)
