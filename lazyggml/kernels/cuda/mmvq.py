@@ -88,8 +88,9 @@ def vec_dot_q4_K_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
 
     Its bytes hold sub-block 2c in the low nibbles and 2c+1 in the high ones, against q8_1 blocks
     ``kby + 2c`` and ``kby + 2c + 1``. The weight block is read as 16-byte pieces (header: ``dm``
-    and the 12 scale bytes; then the 32 quant bytes), the two q8_1 blocks (72 bytes, 8-byte aligned
-    since ``kby + 2c`` is even) as nine 8-byte pieces.
+    and the 12 scale bytes; then the 32 quant bytes: every 144-byte block of a tensor in a buffer
+    aligned to 128 bytes is 16-byte aligned), the two q8_1 blocks (72 bytes, 8-byte aligned since
+    ``kby + 2c`` is even and a q8_1 row of 512-padded values is 576·k bytes) as nine 8-byte pieces.
     """
     c = iqs // 8
     o = np.uint32(kbx) * 36
