@@ -6,12 +6,11 @@ things the GPU kernels use, so each of them is a small device helper with two bo
 when this module is imported (``SIM``):
 
 * **dp4a** (GGML's ``ggml_cuda_dp4a``): ``c + Σ a_k·b_k`` over the four signed bytes of two int32s.
-  On the GPU it is the ``dp4a.s32.s32`` instruction, reached through ``dp4a.cu`` (one line of CUDA C
-  calling ``__dp4a``) linked into each kernel that calls it; numba-cuda links with link-time
-  optimisation when nvJitLink is present, so the call is inlined (measured on an H200: as fast as
-  inline PTX). Without nvJitLink a linked function stays a real call (a stack frame per dp4a),
-  so then the same instruction is emitted as inline PTX instead; ``LAZYGGML_CUDA_DP4A=link|ptx``
-  forces one of them. Under the simulator it is a loop over the four bytes.
+  On the GPU it is the ``dp4a.s32.s32`` instruction, emitted as inline PTX. It can also be reached
+  through ``dp4a.cu`` (one line of CUDA C calling ``__dp4a``) linked into each kernel that calls it
+  (``LAZYGGML_CUDA_DP4A=link``): with nvJitLink's link-time optimisation the call is inlined and
+  measured as fast on an H200, but numba-cuda cannot write a kernel with linked files to its disk
+  cache, so inline PTX is the default. Under the simulator it is a loop over the four bytes.
 * **warp reductions** (GGML's ``warp_reduce_sum`` / ``warp_reduce_max``): on the GPU a butterfly of
   ``shfl_xor_sync`` with offsets width/2 ... 1; under the simulator each lane publishes its value
   in shared memory and replays the same butterfly (two ``syncthreads`` in all), so results are
@@ -66,8 +65,7 @@ def _dp4a_impl():
     forced = os.environ.get("LAZYGGML_CUDA_DP4A", "")
     if forced in ("link", "ptx"):
         return forced
-    from numba.cuda.cudadrv.driver import _have_nvjitlink
-    return "link" if _have_nvjitlink() else "ptx"
+    return "ptx"   # cacheable (see the module docstring)
 
 
 DP4A_IMPL = _dp4a_impl()
@@ -319,5 +317,8 @@ def row_grid(nrows):
 
 
 def jit_kernel(**gpu_options):
-    """``cuda.jit`` with options the simulator does not take (``launch_bounds``), dropped there."""
-    return cuda.jit if SIM else cuda.jit(**gpu_options)
+    """``cuda.jit`` for a kernel: compiled once per signature into the on-disk cache (``cache=True``:
+    lazyggml's kernel cache, ``lazyggml warmup`` fills it), with the options the simulator does not
+    take (``launch_bounds``) dropped there. Kernels made by a factory are cached too: the cache
+    keys a kernel by its code and the values it closes over."""
+    return cuda.jit(cache=True) if SIM else cuda.jit(cache=True, **gpu_options)

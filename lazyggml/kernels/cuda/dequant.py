@@ -13,6 +13,7 @@ import numpy as np
 from numba import cuda
 
 from ...types import Type, blck_size, type_size
+from .common import jit_kernel
 from .elementwise import BLOCK, grid_for
 
 T_Q4_K, T_Q6_K = int(Type.Q4_K), int(Type.Q6_K)
@@ -68,7 +69,7 @@ def dequantize(ty, u8, h, B, j):
     return _q8_0(u8, h, B, j)
 
 
-@cuda.jit
+@jit_kernel()
 def dequantize_rows(ty, qk, bs, u8, h, dst, n, ne0, ne1, ne2, nb1, nb2, nb3):
     """A quantized tensor (rows at byte strides nb1..nb3) to a contiguous F32 one; grid-stride loop."""
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x

@@ -21,7 +21,7 @@ import numpy as np
 from numba import cuda
 
 from ...ops import GluOp, Op, UnaryOp
-from .common import F32_ONE, F32_ZERO, SIM, cdiv
+from .common import jit_kernel, F32_ONE, F32_ZERO, SIM, cdiv
 
 BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV = 0, 1, 2, 3
 BINARY_CODE = {Op.ADD: BIN_ADD, Op.SUB: BIN_SUB, Op.MUL: BIN_MUL, Op.DIV: BIN_DIV}
@@ -88,7 +88,7 @@ def _coords(i, ne0, ne1, ne2):
     return i % ne0, (i // ne0) % ne1, (i // (ne0 * ne1)) % ne2, i // (ne0 * ne1 * ne2)
 
 
-@cuda.jit
+@jit_kernel()
 def binary(op, a, b, dst, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, nb0, nb1, nb2, nb3, sb0, sb1, sb2, sb3,
            sd0, sd1, sd2, sd3):
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -108,7 +108,7 @@ def binary(op, a, b, dst, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, nb0, nb1, nb2, n
         i += cuda.gridDim.x * cuda.blockDim.x
 
 
-@cuda.jit
+@jit_kernel()
 def unary(op, a, dst, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, sd0, sd1, sd2, sd3):
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while i < n:
@@ -117,7 +117,7 @@ def unary(op, a, dst, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, sd0, sd1, sd2, sd3):
         i += cuda.gridDim.x * cuda.blockDim.x
 
 
-@cuda.jit
+@jit_kernel()
 def scale(a, dst, s, b, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, sd0, sd1, sd2, sd3):
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while i < n:
@@ -126,7 +126,7 @@ def scale(a, dst, s, b, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, sd0, sd1, sd2, sd3
         i += cuda.gridDim.x * cuda.blockDim.x
 
 
-@cuda.jit
+@jit_kernel()
 def glu(op, a, g, dst, n, ne0, ne1, ne2, sa1, sa2, sa3, sg1, sg2, sg3, sd1, sd2, sd3):
     """``a``/``g`` are the flat views already offset to the value and gate halves (rows contiguous)."""
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -144,7 +144,7 @@ def glu(op, a, g, dst, n, ne0, ne1, ne2, sa1, sa2, sa3, sg1, sg2, sg3, sd1, sd2,
         i += cuda.gridDim.x * cuda.blockDim.x
 
 
-@cuda.jit
+@jit_kernel()
 def copy(a, dst, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, me0, me1, me2, sd0, sd1, sd2, sd3):
     """Element ``i`` of ``a`` (shape ne) to element ``i`` of ``dst`` (shape me)."""
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numba
 from numba import cuda
 
-from .common import F32_ZERO, SIM, cdiv, warp_reduce_sum
+from .common import jit_kernel, F32_ZERO, SIM, cdiv, warp_reduce_sum
 
 MMVF_MAX_COLS = 8
 MMVF_THREADS = 32 if SIM else 128   # one warp under the simulator (threads are costly there)
@@ -29,7 +29,7 @@ TK = 16
 TILE_PAD = TILE + 1   # shared rows padded by one float: no bank conflicts when threads walk k
 
 
-@cuda.jit
+@jit_kernel()
 def mul_mat_vec_f(x, y, dst, ne00, ne01, s00, s01, s02, s03, s10, s11, s12, s13, ne12, r2, r3):
     row = cuda.blockIdx.x
     col = cuda.blockIdx.y
@@ -53,7 +53,7 @@ def mul_mat_vec_f(x, y, dst, ne00, ne01, s00, s01, s02, s03, s10, s11, s12, s13,
         dst[(i23 * cuda.gridDim.y + col) * ne01 + row] = s
 
 
-@cuda.jit
+@jit_kernel()
 def mul_mat_f(x, y, dst, ne00, ne01, ne11, s00, s01, s02, s03, s10, s11, s12, s13, ne12, r2, r3):
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y

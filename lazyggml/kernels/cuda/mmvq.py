@@ -38,12 +38,11 @@ q8_1 activations likewise (``int32`` and ``float16``), all 2-D with one row per 
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import cuda
 
 from ...types import Type
-from .common import (F32_ZERO, MATRIX_ROW_PADDING, QK8_1, cdiv, dp4a, half2_float2, load_int2, load_int4,
+from .common import (jit_kernel, F32_ZERO, MATRIX_ROW_PADDING, QK8_1, cdiv, dp4a, half2_float2, load_int2, load_int4,
                      round_up, warp_reduce_sum)
 
 MMVQ_MAX_BATCH_SIZE = 8
@@ -201,7 +200,7 @@ def _make_kernel(type_, ncols):
     y_per_x = qk // QK8_1
     nwarps = MMVQ_NWARPS
 
-    @cuda.jit
+    @jit_kernel()
     def mul_mat_vec_q(vx, vx_h, vy, vy_h, dst, blocks_per_row, nrows_x, stride_row_x, stride_col_y,
                       stride_col_dst, channel_ratio, stride_channel_x, stride_channel_y,
                       stride_channel_dst, sample_ratio, stride_sample_x, stride_sample_y,

@@ -11,10 +11,10 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .common import F32_ZERO, block_reduce_sum, row_block_size, row_grid, rsqrtf
+from .common import jit_kernel, F32_ZERO, block_reduce_sum, row_block_size, row_grid, rsqrtf
 
 
-@cuda.jit
+@jit_kernel()
 def norm_rows(rms, x, dst, ne0, ne1, ne2, nrows, s1, s2, s3, sd1, sd2, sd3, eps):
     tid = cuda.threadIdx.x
     part = cuda.shared.array(32, numba.float32)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .common import (F32_ZERO, MATRIX_ROW_PADDING, Q8_1_INTS, Q8_1_MMQ_INTS, QK8_1, QK8_1_MMQ,
+from .common import (jit_kernel, F32_ZERO, MATRIX_ROW_PADDING, Q8_1_INTS, Q8_1_MMQ_INTS, QK8_1, QK8_1_MMQ,
                      cdiv, round_up, roundf, warp_reduce_max, warp_reduce_sum)
 
 CUDA_QUANTIZE_BLOCK_SIZE = 256
@@ -32,7 +32,7 @@ CUDA_QUANTIZE_BLOCK_SIZE_MMQ = 128
 F127 = np.float32(127.0)
 
 
-@cuda.jit
+@jit_kernel()
 def quantize_q8_1(x, vy, vy_h, ne00, ne0_pad, ne1, ne2, s01, s02, s03):
     i0 = cuda.blockDim.x * cuda.blockIdx.x + cuda.threadIdx.x
     i1 = cuda.blockIdx.y
@@ -58,7 +58,7 @@ def quantize_q8_1(x, vy, vy_h, ne00, ne0_pad, ne1, ne2, s01, s02, s03):
         vy_h[ib * (2 * Q8_1_INTS) + 1] = np.float16(sum_)
 
 
-@cuda.jit
+@jit_kernel()
 def quantize_mmq_q8_1(x, vy, vy_h, ne00, ne1, ne2, s01, s02, s03, kblocks):
     i1 = cuda.blockIdx.x
     i23 = cuda.blockIdx.z

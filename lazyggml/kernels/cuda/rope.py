@@ -20,7 +20,7 @@ import numpy as np
 from numba import cuda
 
 from ...ops import ROPE_TYPE_NEOX
-from .common import F32_ONE, F32_ZERO
+from .common import jit_kernel, F32_ONE, F32_ZERO
 from .elementwise import BLOCK, grid_for
 
 F32_001 = np.float32(0.001)
@@ -38,7 +38,7 @@ def _yarn_mscale(freq_scale):
     return F32_ONE + F32_01 * np.float32(math.log(F32_ONE / freq_scale))
 
 
-@cuda.jit
+@jit_kernel()
 def rope(x, pos, ff, has_ff, dst, neox, n, ne0, ne1, ne2, n_dims, s1, s2, s3, sd1, sd2, sd3,
          theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1):
     p = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x

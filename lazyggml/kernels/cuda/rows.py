@@ -11,10 +11,11 @@ from __future__ import annotations
 import numba
 from numba import cuda
 
+from .common import jit_kernel
 from .dequant import dequantize
 
 
-@cuda.jit
+@jit_kernel()
 def get_rows_f(a, idx, dst, n, ne0, ne10, ne11, s01, s02, s03, si0, si1, si2, sd1, sd2, sd3):
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while i < n:
@@ -27,7 +28,7 @@ def get_rows_f(a, idx, dst, n, ne0, ne10, ne11, s01, s02, s03, si0, si1, si2, sd
         i += cuda.gridDim.x * cuda.blockDim.x
 
 
-@cuda.jit
+@jit_kernel()
 def get_rows_q(ty, qk, bs, u8, h, idx, dst, n, ne0, ne10, ne11, nb01, nb02, nb03, si0, si1, si2,
                sd1, sd2, sd3):
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -42,7 +43,7 @@ def get_rows_q(ty, qk, bs, u8, h, idx, dst, n, ne0, ne10, ne11, nb01, nb02, nb03
         i += cuda.gridDim.x * cuda.blockDim.x
 
 
-@cuda.jit
+@jit_kernel()
 def set_rows(b, idx, dst, n, ne0, ne1, ne2, s1, s2, s3, ni1, ni2, si0, si1, si2, sd1, sd2, sd3):
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while i < n:

@@ -16,10 +16,10 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .common import F32_ONE, F32_ZERO, block_reduce_max, block_reduce_sum, row_block_size, row_grid
+from .common import jit_kernel, F32_ONE, F32_ZERO, block_reduce_max, block_reduce_sum, row_block_size, row_grid
 
 
-@cuda.jit
+@jit_kernel()
 def soft_max(x, mask, has_mask, dst, ne0, ne1, ne2, nrows, mne1, mne2, mne3, ms1, ms2, ms3, scale,
              max_bias, m0, m1, n_head_log2):
     tid = cuda.threadIdx.x
