@@ -35,6 +35,7 @@ that feed a float are wrapped in ``np.int32(...)``, else numba multiplies (and c
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 
@@ -317,8 +318,45 @@ def row_grid(nrows):
 
 
 def jit_kernel(**gpu_options):
-    """``cuda.jit`` for a kernel: compiled once per signature into the on-disk cache (``cache=True``:
-    lazyggml's kernel cache, ``lazyggml warmup`` fills it), with the options the simulator does not
-    take (``launch_bounds``) dropped there. Kernels made by a factory are cached too: the cache
-    keys a kernel by its code and the values it closes over."""
-    return cuda.jit(cache=True) if SIM else cuda.jit(cache=True, **gpu_options)
+    """``cuda.jit`` for a kernel: compiled once per signature into the on-disk cache (lazyggml's
+    kernel cache, which ``lazyggml warmup`` fills), with the options the simulator does not take
+    (``launch_bounds``) dropped there; keyed by ``_StableClosureCache``."""
+    if SIM:
+        return cuda.jit
+    def jit(fn):
+        kernel = cuda.jit(**gpu_options)(fn)
+        kernel._cache = _StableClosureCache(kernel.py_func)   # what cache=True would do, our key
+        return kernel
+    return jit
+
+
+def _describe(fn):
+    """What a function compiles to, the same in every process: its name, bytecode and constants,
+    and what it closes over (device functions described in turn, other values by ``repr``)."""
+    code = fn.__code__
+    consts = tuple(c.co_code if hasattr(c, "co_code") else repr(c) for c in code.co_consts)
+    cells = tuple(c.cell_contents for c in fn.__closure__ or ())
+    return (fn.__qualname__, code.co_code, consts,
+            tuple(_describe(v.py_func) if hasattr(v, "py_func") else
+                  getattr(v, "__qualname__", None) or repr(v) for v in cells))
+
+
+try:
+    from numba.cuda.dispatcher import CUDACache
+except ImportError:         # the simulator's numba-cuda layout: no disk cache there anyway
+    CUDACache = object
+
+
+class _StableClosureCache(CUDACache):
+    """numba-cuda's disk cache with a closure key that is the same in every process.
+
+    numba keys a cached kernel by its bytecode and a pickle of the values it closes over. The
+    kernels our factories make close over device functions (a type's ``vec_dot``, mmq's tile
+    loader), and their pickle differs from one process to the next, so such a kernel was never
+    found again (measured on an H200: ``lazyggml warmup`` missed the same 10 kernels on every run).
+    Here the closure part of the key is ``_describe`` instead."""
+
+    def _index_key(self, sig, codegen):
+        key = super()._index_key(sig, codegen)   # (sig, magic, (code hash, closure hash)), extras
+        stable = hashlib.sha256(repr(_describe(self._py_func)).encode()).hexdigest()
+        return (key[0], key[1], (key[2][0], stable)) + tuple(key[3:])
