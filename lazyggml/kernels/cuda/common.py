@@ -352,9 +352,10 @@ class _StableClosureCache(CUDACache):
 
     numba keys a cached kernel by its bytecode and a pickle of the values it closes over. The
     kernels our factories make close over device functions (a type's ``vec_dot``, mmq's tile
-    loader), and their pickle differs from one process to the next, so such a kernel was never
-    found again (measured on an H200: ``lazyggml warmup`` missed the same 10 kernels on every run).
-    Here the closure part of the key is ``_describe`` instead."""
+    loader), and their pickle differs from one process to the next, so such a kernel's key never
+    comes back. Here the closure part of the key is ``_describe`` instead. On an H200 those 10
+    kernels still missed on every ``lazyggml warmup`` after this: something else stops them too,
+    not yet found (bench/results/startup.md)."""
 
     def _index_key(self, sig, codegen):
         key = super()._index_key(sig, codegen)   # (sig, magic, (code hash, closure hash)), extras
