@@ -82,8 +82,9 @@ PREFILL_CT = 16
 PREFILL_RT = 64
 DECODE_RT = 16
 DECODE_MAX_COLS = 8
-# below this many multiply-adds one thread beats waking the others (~10 µs)
-PARALLEL_MIN_MACS = 1 << 20
+# below this many multiply-adds one thread beats waking the others: libgomp's workers spin a
+# while after a parallel region, so the next one costs ~3 µs (a 768x768 Q4_K mat-vec is ~60 µs)
+PARALLEL_MIN_MACS = 1 << 16
 
 
 # =================================================================================================
@@ -282,7 +283,15 @@ def _task_float(kind, n, w4, xf, dst, t, RT, CT, acc, tmp):
     yo = ((i3 * dst.shape[1] + i2) * dst.shape[2] + c0) * ycs
     for r in range(r0, r1):
         x = w4[j3, j2, r]
-        if kind == 0:
+        if dst.shape[2] == 1:
+            # a single column (decode): the register-only kernel
+            if kind == 0:
+                tmp[0] = V.dot_f32(n, x, xf, yo)
+            elif kind == 1:
+                tmp[0] = V.dot_f16(n, x, xf, yo)
+            else:
+                tmp[0] = V.dot_bf16(n, x, xf, yo)
+        elif kind == 0:
             V.dot_cols_f32(n, x, xf, yo, ycs, nc, acc, tmp)
         elif kind == 1:
             V.dot_cols_f16(n, x, xf, yo, ycs, nc, acc, tmp)
