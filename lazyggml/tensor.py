@@ -26,6 +26,17 @@ FLAG_LOSS = 8
 FLAG_COMPUTE = 16
 
 
+# Bumped whenever a tensor gets, changes or loses memory (its ``buffer`` or ``offset``) and when a
+# buffer is freed: what is derived from tensors' addresses (the CPU backend's kernel plans) stays
+# valid while this number is unchanged, without re-checking every tensor.
+placement_epoch = 0
+
+
+def placement_changed():
+    global placement_epoch
+    placement_epoch += 1
+
+
 def _check_ne(ne, what="tensor"):
     """Validate a shape of 1 to 4 non-negative ints; return it padded to 4 with ones."""
     try:
@@ -51,7 +62,7 @@ class Tensor:
     """One GGML tensor. Create them through a ``Context`` or an op, not directly."""
 
     __slots__ = ("ctx", "type", "ne", "nb", "op", "op_params", "flags", "src", "view_src",
-                 "view_offs", "_name", "buffer", "offset", "extra", "host_view_cache", "__weakref__")
+                 "view_offs", "_name", "_buffer", "_offset", "extra", "host_view_cache", "__weakref__")
 
     def __init__(self, ctx, type_, ne, nb=None, view_src=None, view_offs=0):
         from .ops import Op  # the op table lives with the ops
@@ -71,6 +82,25 @@ class Tensor:
         self.offset = None if view_src is None or view_src.offset is None else view_src.offset + view_offs
         self.extra = None  # per-backend data (GGML's tensor->extra)
         self.host_view_cache = None  # (memory, offset, NumPy view): see backend.host_view
+
+    # -- memory: setting either counts as a move (see placement_epoch) -------------------------
+    @property
+    def buffer(self):
+        return self._buffer
+
+    @buffer.setter
+    def buffer(self, b):
+        self._buffer = b
+        placement_changed()
+
+    @property
+    def offset(self):
+        return self._offset
+
+    @offset.setter
+    def offset(self, o):
+        self._offset = o
+        placement_changed()
 
     # -- names ---------------------------------------------------------------------------------
     @property

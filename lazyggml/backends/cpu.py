@@ -5,14 +5,23 @@ Memory: a CPU buffer is one ``uint8`` array; a tensor is a strided NumPy view at
 
 Compute: nodes run in order; empty ops (NONE and the four view ops), nodes without the COMPUTE
 flag (unselected branches of ``build_forward_select``) and empty tensors are skipped, as in GGML.
+
+A graph is first turned into a *plan*: each node's forward function (``kernels/cpu``) returns its
+kernel calls with their arguments already built (views, scratch, constants), and the plan is the
+list of them all. It is kept with the graph and replayed while the graph has the same nodes, no
+tensor has moved (``tensor.placement_epoch``) and the thread count is the same: a decode step then
+costs one Python call per kernel, and Numba's thread count is set once per graph, not per kernel
+(setting or reading it costs ~2 µs from Python).
 """
 from __future__ import annotations
 
 import importlib
 import os
+import weakref
 
 import numba
 
+from .. import tensor
 from ..backend import Backend, BufferType, Device, DeviceType, Registry, Status, host_view
 from ..ops import EMPTY_OPS
 from ..kernels.cpu import FORWARD
@@ -60,12 +69,25 @@ class CPUBackend(Backend):
     def __init__(self, device, n_threads=None):
         super().__init__(device)
         self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS
+        self._plans = weakref.WeakKeyDictionary()   # graph -> ((nodes, epoch, n_threads), steps)
 
     def graph_compute(self, g):
-        numba.set_num_threads(self.n_threads)
-        for fn, node in FORWARD.runnable(g):
-            fn(node, host_view(node), [None if s is None else host_view(s) for s in node.src])
+        numba.set_num_threads(self.n_threads)   # before planning: forwards read it
+        for kernel, args in self._plan(g):
+            kernel(*args)
         return Status.SUCCESS
+
+    def _plan(self, g):
+        nodes = tuple(g.nodes)
+        key = (nodes, tensor.placement_epoch, self.n_threads)
+        cached = self._plans.get(g)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        steps = []
+        for fn, node in FORWARD.runnable(g):
+            steps += fn(node, host_view(node), [None if s is None else host_view(s) for s in node.src])
+        self._plans[g] = (key, steps)
+        return steps
 
 
 def set_n_threads(backend, n):

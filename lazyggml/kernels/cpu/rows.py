@@ -89,16 +89,34 @@ def _get_rows_supported(node):
     return a.type in FLOAT_TYPES or a.type == Type.I32
 
 
+def _checked(what, kernel, args, n_rows):
+    """Run a row kernel and raise if it skipped rows for their indices (a plan step)."""
+    _check(what, kernel(*args), n_rows)
+
+
+def _get_rows_q(qtype, a, idx, n_rows, dst):
+    """Gather the quantized rows' bytes, dequantize them with lazyggml.quants."""
+    n3, n2, _, n0 = dst.shape
+    i3, i2, i = _batch_indices(idx, n3, n2, n_rows, "get_rows")
+    dst[...] = quants.dequantize(qtype, a[i3, i2, i], n0).reshape(dst.shape)
+
+
+def _set_rows_q(qtype, b, idx, n_rows, dst):
+    """Quantize b's rows with lazyggml.quants, scatter their bytes."""
+    n3, n2, n, _ = b.shape
+    i3, i2, i = _batch_indices(idx, n3, n2, n_rows, "set_rows")
+    dst[i3, i2, i] = quants.quantize(qtype, b).reshape(n3, n2, n, -1)
+
+
 @forward(Op.GET_ROWS, supports=_get_rows_supported)
 def get_rows_forward(node, dst, srcs):
     a = node.src[0]
-    if is_quantized(a.type):  # gather the rows' bytes, dequantize them with lazyggml.quants
-        n3, n2, _, n0 = dst.shape
-        i3, i2, i = _batch_indices(srcs[1], n3, n2, a.ne[1], "get_rows")
-        dst[...] = quants.dequantize(a.type, srcs[0][i3, i2, i], n0).reshape(dst.shape)
-    else:  # F32 and I32 rows are copied as they are; F16, BF16 converted to F32
-        skind = KIND_RAW if a.type in (Type.F32, Type.I32) else KIND[a.type]
-        _check("get_rows", get_rows(as_bits(srcs[0]), skind, srcs[1], as_bits(dst), KIND_F32), a.ne[1])
+    if is_quantized(a.type):
+        return [(_get_rows_q, (a.type, srcs[0], srcs[1], a.ne[1], dst))]
+    # F32 and I32 rows are copied as they are; F16, BF16 converted to F32
+    skind = KIND_RAW if a.type in (Type.F32, Type.I32) else KIND[a.type]
+    return [(_checked, ("get_rows", get_rows, (as_bits(srcs[0]), skind, srcs[1], as_bits(dst), KIND_F32),
+                        a.ne[1]))]
 
 
 def _set_rows_supported(node):
@@ -112,12 +130,10 @@ def _set_rows_supported(node):
 
 @forward(Op.SET_ROWS, supports=_set_rows_supported)
 def set_rows_forward(node, dst, srcs):
-    if is_quantized(node.type):  # quantize b's rows with lazyggml.quants, scatter their bytes
-        n3, n2, n, _ = srcs[0].shape
-        i3, i2, i = _batch_indices(srcs[1], n3, n2, node.ne[1], "set_rows")
-        dst[i3, i2, i] = quants.quantize(node.type, srcs[0]).reshape(n3, n2, n, -1)
-    else:
-        _check("set_rows", set_rows(as_bits(srcs[0]), srcs[1], as_bits(dst), KIND[node.type]), node.ne[1])
+    if is_quantized(node.type):
+        return [(_set_rows_q, (node.type, srcs[0], srcs[1], node.ne[1], dst))]
+    return [(_checked, ("set_rows", set_rows, (as_bits(srcs[0]), srcs[1], as_bits(dst), KIND[node.type]),
+                        node.ne[1]))]
 
 
 # the cache of every kernel above also depends on these files (see simd.tie_cache)
