@@ -287,12 +287,7 @@ def _task_float(kind, n, w4, xf, dst, t, RT, CT, acc, tmp):
         x = w4[j3, j2, r]
         if dst.shape[2] == 1:
             # a single column (decode): the register-only kernel
-            if kind == 0:
-                tmp[0] = V.dot_f32(n, x, xf, yo)
-            elif kind == 1:
-                tmp[0] = V.dot_f16(n, x, xf, yo)
-            else:
-                tmp[0] = V.dot_bf16(n, x, xf, yo)
+            tmp[0] = V.dot_float(n, x, xf, yo, kind)
         elif kind == 0:
             V.dot_cols_f32(n, x, xf, yo, ycs, nc, acc, tmp)
         elif kind == 1:

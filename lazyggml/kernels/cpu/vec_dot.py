@@ -909,11 +909,12 @@ def _float_cols(n, x, y, yo, ycs, nc, acc, out, kind):
 
 
 @njit(inline="always")
-def _float_dot(n, x, y, yo, kind):
+def dot_float(n, x, y, yo, kind):
     """``_float_cols`` for a single column, with the weights kept in registers: the very same
     arithmetic (so a column alone equals that column among others, bit for bit), without parking
     64 weights in ``acc`` per step, which costs more than the products when rows are as short as
-    a decode step's KQ rows (head_dim = 64)."""
+    a decode step's KQ rows (head_dim = 64). Inlined into the caller: a call per row (arguments,
+    reference counts) would cost as much as the row."""
     ws = 4 if kind == 0 else 2
     a = splat_f32x8(0.0)
     n64 = n - n % 64
@@ -932,21 +933,6 @@ def _float_dot(n, x, y, yo, kind):
     for i in range(n64, n):
         s += _wscalar(x, ws * i, kind) * load_f32(y, yo + 4 * i)
     return s
-
-
-@_fast
-def dot_f32(n, x, y, yo):
-    return _float_dot(n, x, y, yo, 0)
-
-
-@_fast
-def dot_f16(n, x, y, yo):
-    return _float_dot(n, x, y, yo, 1)
-
-
-@_fast
-def dot_bf16(n, x, y, yo):
-    return _float_dot(n, x, y, yo, 2)
 
 
 @_fast
