@@ -46,7 +46,8 @@ def _check_ne(ne, what="tensor"):
     if not 1 <= len(ne) <= MAX_DIMS:
         raise ValueError(f"{what}: shape must have 1 to {MAX_DIMS} dims, got {len(ne)}: {ne}")
     for n in ne:
-        if isinstance(n, bool) or not isinstance(n, Integral) or n < 0:
+        # plain ints first: the ABC check against Integral costs ~1 µs, and graphs make many tensors
+        if type(n) is not int and (isinstance(n, bool) or not isinstance(n, Integral)) or n < 0:
             raise ValueError(f"{what}: sizes must be non-negative ints, got {ne}")
     return tuple(int(n) for n in ne) + (1,) * (MAX_DIMS - len(ne))
 
