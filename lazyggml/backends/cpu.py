@@ -11,7 +11,8 @@ kernel calls with their arguments already built (views, scratch, constants), and
 list of them all. It is kept with the graph and replayed while the graph has the same nodes, no
 tensor has moved (``tensor.placement_epoch``) and the thread count is the same: a decode step then
 costs one Python call per kernel, and Numba's thread count is set once per graph, not per kernel
-(setting or reading it costs ~2 µs from Python).
+(setting or reading it costs ~2 µs from Python). After its first run, when Numba has compiled every
+kernel for these arguments, the plan calls the compiled code directly (``_compiled``).
 """
 from __future__ import annotations
 
@@ -69,25 +70,48 @@ class CPUBackend(Backend):
     def __init__(self, device, n_threads=None):
         super().__init__(device)
         self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS
-        self._plans = weakref.WeakKeyDictionary()   # graph -> ((nodes, epoch, n_threads), steps)
+        self._plans = weakref.WeakKeyDictionary()   # graph -> _Plan
 
     def graph_compute(self, g):
         numba.set_num_threads(self.n_threads)   # before planning: forwards read it
-        for kernel, args in self._plan(g):
+        plan = self._plan(g)
+        for kernel, args in plan.steps:
             kernel(*args)
+        if not plan.direct:
+            plan.steps = [(_compiled(kernel, args), args) for kernel, args in plan.steps]
+            plan.direct = True
         return Status.SUCCESS
 
     def _plan(self, g):
-        nodes = tuple(g.nodes)
-        key = (nodes, tensor.placement_epoch, self.n_threads)
-        cached = self._plans.get(g)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        steps = []
-        for fn, node in FORWARD.runnable(g):
-            steps += fn(node, host_view(node), [None if s is None else host_view(s) for s in node.src])
-        self._plans[g] = (key, steps)
-        return steps
+        key = (tuple(g.nodes), tensor.placement_epoch, self.n_threads)
+        plan = self._plans.get(g)
+        if plan is None or plan.key != key:
+            steps = []
+            for fn, node in FORWARD.runnable(g):
+                steps += fn(node, host_view(node), [None if s is None else host_view(s) for s in node.src])
+            plan = self._plans[g] = _Plan(key, steps)
+        return plan
+
+
+class _Plan:
+    """A graph's kernel calls, what they were made for (nodes, placement epoch, threads), and
+    whether they already call compiled code directly."""
+
+    __slots__ = ("key", "steps", "direct")
+
+    def __init__(self, key, steps):
+        self.key, self.steps, self.direct = key, steps, False
+
+
+def _compiled(kernel, args):
+    """The compiled entry point of a Numba kernel for the types of ``args``, or ``kernel`` itself
+    (a Python step, or no exact overload). A plan's arguments never change type, so its calls can
+    skip Numba's type dispatch: ~0.3 µs a call, ~10% of the 3.7M model's decode step."""
+    overloads = getattr(kernel, "overloads", None)
+    if overloads is None:
+        return kernel
+    compiled = overloads.get(tuple(kernel.typeof_pyval(a) for a in args))
+    return kernel if compiled is None else compiled.entry_point
 
 
 def set_n_threads(backend, n):
