@@ -54,11 +54,11 @@ def soft_max(x, mask, mkind, has_mask, slopes, scale, dst):
         vmax = -np.float32(np.inf)
         for i in range(n0):
             vmax = vmax if vmax > yr[i] else yr[i]
+        for i in range(n0):   # apart from the sum, so that LLVM vectorizes it
+            yr[i] = v_expf(yr[i] - vmax)
         s = 0.0
         for i in range(n0):
-            e = v_expf(yr[i] - vmax)
-            yr[i] = e
-            s += np.float64(e)
+            s += np.float64(yr[i])
         inv = np.float32(1.0 / s)
         for i in range(n0):
             yr[i] *= inv
