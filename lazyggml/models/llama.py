@@ -20,7 +20,7 @@ transposing the whole window at every step; a token's values are written as sing
 Weights are loaded once into ``WEIGHTS`` buffers of the device that should compute with them
 (``n_gpu_layers``: the last N layers, and with N above the layer count the output too); the
 scheduler follows them. The graph of a batch shape is built once and replayed while the KV window
-(padded to ``KV_PAD`` cells) is unchanged, as llama.cpp's graph reuse does.
+(padded to ``KV_PAD`` cells, ``KV_PAD_BATCH`` for prefill) is unchanged, as llama.cpp's graph reuse does.
 """
 from __future__ import annotations
 
@@ -45,10 +45,13 @@ from ..types import Type
 
 log = logging.getLogger("lazyggml")
 
-# the attention window grows in steps of this many cells, so that graphs repeat: llama.cpp's
-# get_n_kv pads to 256 too. A new window means a new graph (built, allocated and planned: ~5 ms for
-# the 3.7M model, ~15 ms for a 125M one), against a little attention over masked cells
+# The attention window grows in steps of this many cells, so that graphs repeat. A new window
+# means a new graph (built, allocated and planned: ~5 ms for the 3.7M model, ~15 ms for a 125M
+# one), against attention over masked cells: decode steps take llama.cpp's 256 (get_n_kv), one
+# graph for 256 tokens; prefill micro-batches, which build a graph each anyway and whose
+# attention grows with the window times the batch, take 32.
 KV_PAD = 256
+KV_PAD_BATCH = 32
 N_BATCH = 64     # prefill micro-batch (tokens per graph)
 
 
@@ -231,7 +234,8 @@ class LlamaModel:
 
     def _eval_batch(self, batch, logits_all):
         n = len(batch)
-        n_kv = min(self.n_ctx, -(-(self.n_past + n) // KV_PAD) * KV_PAD)
+        pad = KV_PAD if n == 1 else KV_PAD_BATCH
+        n_kv = min(self.n_ctx, -(-(self.n_past + n) // pad) * pad)
         g, (tokens, pos, kv_idxs, v_idxs, kq_mask), logits = self._graph_for(n, n_kv, logits_all)
         positions = np.arange(self.n_past, self.n_past + n)
         tensor_set(tokens, np.asarray(batch, np.int32))
