@@ -25,6 +25,7 @@ import os
 import numpy as np
 
 from .ops import EMPTY_OPS
+from .tensor import placement_changed
 from .types import blck_size, is_quantized, np_dtype, type_name
 
 SIZE_MAX = 2**64 - 1
@@ -153,6 +154,7 @@ class Buffer:
     def free(self):
         self.data = np.zeros(0, dtype=np.uint8)
         self.size = 0
+        placement_changed()
 
     def __repr__(self):
         return f"<Buffer {self.buft.name} {self.size} B {self.usage.name}>"

@@ -26,6 +26,17 @@ FLAG_LOSS = 8
 FLAG_COMPUTE = 16
 
 
+# Bumped whenever a tensor gets, changes or loses memory (its ``buffer`` or ``offset``) and when a
+# buffer is freed: what is derived from tensors' addresses (the CPU backend's kernel plans) stays
+# valid while this number is unchanged, without re-checking every tensor.
+placement_epoch = 0
+
+
+def placement_changed():
+    global placement_epoch
+    placement_epoch += 1
+
+
 def _check_ne(ne, what="tensor"):
     """Validate a shape of 1 to 4 non-negative ints; return it padded to 4 with ones."""
     try:
@@ -35,7 +46,8 @@ def _check_ne(ne, what="tensor"):
     if not 1 <= len(ne) <= MAX_DIMS:
         raise ValueError(f"{what}: shape must have 1 to {MAX_DIMS} dims, got {len(ne)}: {ne}")
     for n in ne:
-        if isinstance(n, bool) or not isinstance(n, Integral) or n < 0:
+        # plain ints first: the ABC check against Integral costs ~1 µs, and graphs make many tensors
+        if type(n) is not int and (isinstance(n, bool) or not isinstance(n, Integral)) or n < 0:
             raise ValueError(f"{what}: sizes must be non-negative ints, got {ne}")
     return tuple(int(n) for n in ne) + (1,) * (MAX_DIMS - len(ne))
 
@@ -51,7 +63,7 @@ class Tensor:
     """One GGML tensor. Create them through a ``Context`` or an op, not directly."""
 
     __slots__ = ("ctx", "type", "ne", "nb", "op", "op_params", "flags", "src", "view_src",
-                 "view_offs", "_name", "buffer", "offset", "extra", "host_view_cache", "__weakref__")
+                 "view_offs", "_name", "_buffer", "_offset", "extra", "host_view_cache", "__weakref__")
 
     def __init__(self, ctx, type_, ne, nb=None, view_src=None, view_offs=0):
         from .ops import Op  # the op table lives with the ops
@@ -71,6 +83,25 @@ class Tensor:
         self.offset = None if view_src is None or view_src.offset is None else view_src.offset + view_offs
         self.extra = None  # per-backend data (GGML's tensor->extra)
         self.host_view_cache = None  # (memory, offset, NumPy view): see backend.host_view
+
+    # -- memory: setting either counts as a move (see placement_epoch) -------------------------
+    @property
+    def buffer(self):
+        return self._buffer
+
+    @buffer.setter
+    def buffer(self, b):
+        self._buffer = b
+        placement_changed()
+
+    @property
+    def offset(self):
+        return self._offset
+
+    @offset.setter
+    def offset(self, o):
+        self._offset = o
+        placement_changed()
 
     # -- names ---------------------------------------------------------------------------------
     @property

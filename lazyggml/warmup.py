@@ -69,7 +69,7 @@ from numba.core.errors import NumbaPerformanceWarning
 
 from . import cache
 from . import ops as O
-from .backend import dev_count, dev_get, tensor_set
+from .backend import DeviceType, dev_count, dev_get, tensor_set
 from .graph import Graph
 from .ops import EMPTY_OPS
 from .tensor import Context
@@ -123,12 +123,19 @@ def _fill(t, rng):
 
 def _run_graph(backend, build):
     from .alloc import alloc_ctx_tensors
+    from .kernels.cpu import copy as cpu_copy
     ctx = Context()
     with ctx:
         outs = build(ctx)
-    g = Graph()
-    for out in outs if isinstance(outs, (list, tuple)) else [outs]:
-        g.build_forward_expand(out)
+    outs = outs if isinstance(outs, (list, tuple)) else [outs]
+
+    def graph():
+        g = Graph()
+        for out in outs:
+            g.build_forward_expand(out)
+        return g
+
+    g = graph()
     if not all(n.op in EMPTY_OPS or backend.device.supports_op(n) for n in g.nodes):
         return False
     buf = alloc_ctx_tensors(ctx, backend)
@@ -138,6 +145,14 @@ def _run_graph(backend, build):
             if t.op == O.Op.NONE and t.view_src is None:
                 tensor_set(t, _fill(t, rng))
         backend.graph_compute(g)
+        if backend.device.type == DeviceType.CPU:
+            # small work runs the serial twins of copy.parallel_kernel: compile the parallel kernels
+            # too, in a new graph (a new plan) where every launch takes them
+            small, cpu_copy.PARALLEL_MIN_ELEMENTS = cpu_copy.PARALLEL_MIN_ELEMENTS, 0
+            try:
+                backend.graph_compute(graph())
+            finally:
+                cpu_copy.PARALLEL_MIN_ELEMENTS = small
         backend.synchronize()
     finally:
         buf.free()

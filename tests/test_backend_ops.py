@@ -662,6 +662,34 @@ def test_unsupported_types_are_refused(cpu):
         cpu.graph_compute(g)
 
 
+def test_replayed_plan_reads_new_data_and_follows_moved_tensors(cpu):
+    """The CPU backend replays a graph's plan: new input values must be read, and tensors placed
+    elsewhere (a new buffer, as after a re-allocation) must be used where they are now."""
+    from lazyggml.alloc import alloc_ctx_tensors_from_buft
+    from lazyggml.backends.cpu import cpu_buffer_type
+    ctx = lg.Context(no_alloc=True)
+    with ctx:
+        a, w = ctx.new_tensor_2d(F32, 64, 3), ctx.new_tensor_2d(F16, 64, 5)
+        out = lg.rms_norm(lg.mul_mat(w, lg.add(a, a)), 1e-6)
+    g = lg.Graph()
+    lg.build_forward_expand(g, out)
+    rng = np.random.default_rng(SEED)
+    wv = rng.standard_normal((5, 64)).astype(np.float16)
+    for placement in range(2):
+        buf = alloc_ctx_tensors_from_buft(ctx, cpu_buffer_type())
+        tensor_set(w, wv)
+        for _ in range(2):
+            av = rng.standard_normal((3, 64)).astype(np.float32)
+            tensor_set(a, av)
+            cpu.graph_compute(g)
+            y = (2.0 * av) @ wv.T.astype(np.float64)
+            want = y / np.sqrt((y * y).mean(axis=1, keepdims=True) + 1e-6)
+            assert np.allclose(tensor_get(out), want, rtol=1e-2, atol=1e-2)
+        buf.free()
+        for t in (a, w, out) + tuple(n for n in g.nodes):
+            t.buffer = t.offset = None
+
+
 def test_float16_rounding_matches_numpy(cpu):
     """F32 -> F16 rounds to nearest even, overflows to inf, keeps NaN and subnormals (F16C's)."""
     special = np.array([0.0, -0.0, 65504.0, 65519.0, 65520.0, -1e9, np.inf, -np.inf, np.nan, 1e-8,

@@ -8,10 +8,14 @@ One forward pass over a micro-batch of tokens, as llama.cpp's ``build_llama`` bu
         q, k, v = wq @ h, wk @ h, wv @ h          -> heads; rope on q and k
         k, v written into the layer's KV cache at the tokens' cells (set_rows)
         kq = k_cache @ q, scaled, causal-masked soft_max        (grouped-query: KV heads broadcast)
-        x = x + wo @ (v_cache @ kq)
+        x = x + wo @ (v_cache^T @ kq)
         h = rms_norm(x) * ffn_norm
         x = x + w_down @ (silu(w_gate @ h) * (w_up @ h))
     logits = output @ (rms_norm(x) * output_norm)
+
+The V cache is stored transposed, as llama.cpp's without flash attention (``v_trans``): row j
+holds element j of every cell, so ``v_cache^T @ kq`` reads the window's rows in place instead of
+transposing the whole window at every step; a token's values are written as single elements.
 
 Weights are loaded once into ``WEIGHTS`` buffers of the device that should compute with them
 (``n_gpu_layers``: the last N layers, and with N above the layer count the output too; over
@@ -21,8 +25,8 @@ the scheduler runs pipeline-parallel (4 copy slots) and a prompt's micro-batches
 without waiting, so one device works on batch k+1 while the next still works on batch k. The
 compute buffers are sized once, at load, for the largest micro-batch over the whole context, so
 no later graph has to reallocate (and wait). The graph of a batch shape is built once and
-replayed while the KV window (padded to ``KV_PAD`` cells) is unchanged, as llama.cpp's graph
-reuse does.
+replayed while the KV window (padded to ``KV_PAD`` cells, ``KV_PAD_BATCH`` for prefill) is
+unchanged, as llama.cpp's graph reuse does.
 """
 from __future__ import annotations
 
@@ -47,8 +51,14 @@ from ..types import Type
 
 log = logging.getLogger("lazyggml")
 
-KV_PAD = 32      # the attention window grows in steps of this many cells, so decode graphs repeat
-N_BATCH = 64     # prefill micro-batch (tokens per graph) on the CPU
+# The attention window grows in steps of this many cells, so that graphs repeat. A new window
+# means a new graph (built, allocated and planned: ~5 ms for the 3.7M model, ~15 ms for a 125M
+# one), against attention over masked cells: decode steps take llama.cpp's 256 (get_n_kv), one
+# graph for 256 tokens; prefill micro-batches, which build a graph each anyway and whose
+# attention grows with the window times the batch, take 32.
+KV_PAD = 256
+KV_PAD_BATCH = 32
+N_BATCH = 64       # prefill micro-batch (tokens per graph) on the CPU
 N_BATCH_GPU = 512  # ... and when the output layer, hence every layer, is on a GPU (llama.cpp's n_ubatch)
 
 
@@ -171,13 +181,14 @@ class LlamaModel:
         for name, info in items:
             tensor_set(self.w[name], self.file.mmap[info.offset:info.offset + info.nbytes])
 
-        # the KV cache: F16 rows of n_embd_k_gqa per cell, on the layer's device
+        # the KV cache on the layer's device: K has an F16 row of n_embd_k_gqa per cell, V an F16
+        # row of n_ctx cells per element (transposed)
         kv_ctxs = {}
         self.k_cache, self.v_cache = [], []
         for il in range(hp.n_layer):
             ctx = kv_ctxs.setdefault(backend_of(f"blk.{il}."), Context())
             k = ctx.new_tensor_2d(Type.F16, hp.n_embd_k_gqa, self.n_ctx)
-            v = ctx.new_tensor_2d(Type.F16, hp.n_embd_v_gqa, self.n_ctx)
+            v = ctx.new_tensor_2d(Type.F16, self.n_ctx, hp.n_embd_v_gqa)
             k.name, v.name = f"cache_k_l{il}", f"cache_v_l{il}"
             self.k_cache.append(k)
             self.v_cache.append(v)
@@ -212,9 +223,10 @@ class LlamaModel:
             tokens = ctx.new_tensor_1d(Type.I32, n_tokens)
             pos = ctx.new_tensor_1d(Type.I32, n_tokens)
             kv_idxs = ctx.new_tensor_1d(Type.I64, n_tokens)
+            v_idxs = ctx.new_tensor_1d(Type.I64, n_tokens * hp.n_embd_v_gqa)
             kq_mask = ctx.new_tensor_2d(Type.F32, n_kv, n_tokens)
             for t, name in ((tokens, "inp_tokens"), (pos, "inp_pos"), (kv_idxs, "inp_kv_idxs"),
-                            (kq_mask, "inp_kq_mask")):
+                            (v_idxs, "inp_v_idxs"), (kq_mask, "inp_kq_mask")):
                 t.name = name
                 set_input(t)
             g = Graph(self.sched.graph_size)
@@ -236,12 +248,14 @@ class LlamaModel:
                 # write this batch's keys and values into their cache cells before attention reads them
                 kc, vc = self.k_cache[il], self.v_cache[il]
                 g.build_forward_expand(ops.set_rows(kc, ops.reshape_2d(k, hp.n_embd_k_gqa, n_tokens), kv_idxs))
-                g.build_forward_expand(ops.set_rows(vc, v, kv_idxs))
+                # V transposed: every element is a row of one (v_idxs: element j of token t goes
+                # to cell pos_t of row j)
+                g.build_forward_expand(ops.set_rows(ops.reshape_2d(vc, 1, vc.ne[0] * vc.ne[1]),
+                                                    ops.reshape_2d(v, 1, hp.n_embd_v_gqa * n_tokens), v_idxs))
                 kv = ops.view_3d(kc, hd, n_head_kv, n_kv, kc.nb[1] // n_head_kv, kc.nb[1], 0)
-                vv = ops.view_3d(vc, hd, n_head_kv, n_kv, vc.nb[1] // n_head_kv, vc.nb[1], 0)
+                vt = ops.view_3d(vc, n_kv, hd, n_head_kv, vc.nb[1], vc.nb[1] * hd, 0)   # [n_kv, hd, n_head_kv]
                 kq = ops.mul_mat(ops.permute(kv, 0, 2, 1, 3), ops.permute(q, 0, 2, 1, 3))
                 kq = ops.soft_max_ext(kq, kq_mask, 1.0 / math.sqrt(hd), 0.0)
-                vt = ops.cont(ops.permute(vv, 1, 2, 0, 3))           # [n_kv, hd, n_head_kv]
                 kqv = ops.mul_mat(vt, kq)                             # [hd, n_tokens, n_head]
                 attn = ops.cont_2d(ops.permute(kqv, 0, 2, 1, 3), hd * n_head, n_tokens)
                 x = ops.add(ops.mul_mat(w[b + "attn_output.weight"], attn), x)
@@ -255,7 +269,7 @@ class LlamaModel:
             logits.name = "result_output"
             set_output(logits)
             g.build_forward_expand(logits)
-        return g, (tokens, pos, kv_idxs, kq_mask), logits
+        return g, (tokens, pos, kv_idxs, v_idxs, kq_mask), logits
 
     def _graph_for(self, n_tokens, n_kv, logits_all):
         key = (n_tokens, n_kv, logits_all)
@@ -291,12 +305,14 @@ class LlamaModel:
 
     def _eval_batch(self, batch, logits_all, wait=True):
         n = len(batch)
-        n_kv = min(self.n_ctx, -(-(self.n_past + n) // KV_PAD) * KV_PAD)
-        g, (tokens, pos, kv_idxs, kq_mask), logits = self._graph_for(n, n_kv, logits_all)
+        pad = KV_PAD if n == 1 else KV_PAD_BATCH
+        n_kv = min(self.n_ctx, -(-(self.n_past + n) // pad) * pad)
+        g, (tokens, pos, kv_idxs, v_idxs, kq_mask), logits = self._graph_for(n, n_kv, logits_all)
         positions = np.arange(self.n_past, self.n_past + n)
         tensor_set(tokens, np.asarray(batch, np.int32))
         tensor_set(pos, positions.astype(np.int32))
         tensor_set(kv_idxs, positions.astype(np.int64))
+        tensor_set(v_idxs, (positions[:, None] + self.n_ctx * np.arange(self.hp.n_embd_v_gqa)).astype(np.int64))
         # causal mask: token i sees cells 0..n_past+i
         mask = np.where(np.arange(n_kv)[None, :] <= positions[:, None], 0.0, -np.inf).astype(np.float32)
         tensor_set(kq_mask, mask)

@@ -1,6 +1,6 @@
 """DUP, CONT and CPY on the CPU (GGML's ``ggml_compute_forward_dup``), and what the other kernel
-modules share: the element kinds and conversions (rows, shape, softmax's mask), ``unravel_row`` and
-``launch`` (a parallel kernel on one thread when the work is small).
+modules share: the element kinds and conversions (rows, shape, softmax's mask), ``unravel_row``,
+``parallel_kernel`` and ``launch`` (a parallel kernel on one thread when the work is small).
 
 GGML's copy semantics: the elements of ``src`` are taken in its row-major *logical* order (i0
 fastest, then i1, i2, i3, whatever the strides) and written to ``dst`` in *its* logical order. The
@@ -28,6 +28,8 @@ The kernels here are serial: copies are memory bound, and a ``parallel=True`` ke
 2 s more to compile per signature than these do.
 """
 from __future__ import annotations
+
+import types
 
 import numba
 import numpy as np
@@ -103,16 +105,25 @@ def convert_row(s, skind, d, dkind):
 PARALLEL_MIN_ELEMENTS = 1 << 15
 
 
+def parallel_kernel(fn):
+    """``@njit(parallel=True)``, plus a serial twin as ``kernel.serial``: the same function compiled
+    without ``parallel=True`` (its ``prange`` is then a plain ``range``). A parallel region costs
+    ~3 µs even on one thread, several times a decode step's small kernels; the twin costs nothing.
+    The twin has its own qualified name, hence its own cache files."""
+    flags = dict(cache=True, error_model="numpy")
+    kernel = njit(parallel=True, **flags)(fn)
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    twin.__qualname__ = fn.__qualname__ + ".serial"
+    kernel.serial = njit(**flags)(twin)
+    return kernel
+
+
 def launch(kernel, n_elements, *args):
-    """Call a ``parallel=True`` kernel, on one thread when the work is small."""
-    n_threads = numba.get_num_threads()
-    if n_threads == 1 or n_elements >= PARALLEL_MIN_ELEMENTS:
-        return kernel(*args)
-    numba.set_num_threads(1)
-    try:
-        return kernel(*args)
-    finally:
-        numba.set_num_threads(n_threads)
+    """The plan step ``(kernel, args)`` of a ``parallel_kernel``: its serial twin when the work is
+    small or Numba has one thread (read when the plan is made: the CPU backend sets it first)."""
+    if n_elements < PARALLEL_MIN_ELEMENTS or numba.get_num_threads() == 1:
+        kernel = kernel.serial
+    return kernel, args
 
 
 @_kernel
@@ -186,23 +197,32 @@ def _supports(node):
     return _copy_plan(node) is not None
 
 
+def _copy_from_q(qtype, s, n0, dst, dkind):
+    """Dequantize the rows of ``s``, then scatter them in logical order."""
+    rows = quants.dequantize(qtype, np.ascontiguousarray(s), n0)
+    copy_flat(rows.reshape(s.shape[:3] + (-1,)).view(np.uint32), KIND_F32, as_bits(dst), dkind)
+
+
+def _copy_to_q(s, skind, n0, dst, qtype):
+    """Quantize float32 rows (``s`` converted first if it is F16/BF16) into the packed ``dst``."""
+    rows = s
+    if skind != KIND_F32:
+        rows = np.empty(s.shape, np.float32)
+        copy_flat(as_bits(s), skind, rows.view(np.uint32), KIND_F32)
+    dst.reshape(-1)[:] = quants.quantize(qtype, rows.reshape(-1, n0)).reshape(-1)
+
+
 @forward(Op.DUP, Op.CONT, Op.CPY, supports=_supports)
 def copy_forward(node, dst, srcs):
     src_t, s = node.src[0], srcs[0]
     plan = _copy_plan(node)
     if plan == "raw":
-        copy_flat(as_bits(s), KIND_RAW, as_bits(dst), KIND_RAW)
-    elif plan == "convert":
-        copy_flat(as_bits(s), KIND[src_t.type], as_bits(dst), KIND[node.type])
-    elif plan == "from_q":  # dequantize the rows, then scatter them in logical order
-        rows = quants.dequantize(src_t.type, np.ascontiguousarray(s), src_t.ne[0])
-        copy_flat(rows.reshape(s.shape[:3] + (-1,)).view(np.uint32), KIND_F32, as_bits(dst), KIND[node.type])
-    else:  # to_q: float32 rows, quantized into the packed destination
-        rows = s
-        if src_t.type != Type.F32:
-            rows = np.empty(s.shape, np.float32)
-            copy_flat(as_bits(s), KIND[src_t.type], rows.view(np.uint32), KIND_F32)
-        dst.reshape(-1)[:] = quants.quantize(node.type, rows.reshape(-1, src_t.ne[0])).reshape(-1)
+        return [(copy_flat, (as_bits(s), KIND_RAW, as_bits(dst), KIND_RAW))]
+    if plan == "convert":
+        return [(copy_flat, (as_bits(s), KIND[src_t.type], as_bits(dst), KIND[node.type]))]
+    if plan == "from_q":
+        return [(_copy_from_q, (src_t.type, s, src_t.ne[0], dst, KIND[node.type]))]
+    return [(_copy_to_q, (s, KIND[src_t.type], src_t.ne[0], dst, node.type))]
 
 
 # the cache of every kernel above also depends on these files (see simd.tie_cache)

@@ -35,11 +35,11 @@ from numba import njit, prange
 from ...ops import GluOp, Op, UnaryOp
 from ...types import Type
 from . import copy, forward, simd
-from .copy import launch, unravel_row
+from .copy import launch, parallel_kernel, unravel_row
 from .simd import fma as fmaf  # a*b + c, fused where the target has FMA (as GCC contracts GGML's C)
 
 _kernel = njit(cache=True, error_model="numpy")
-_pkernel = njit(cache=True, error_model="numpy", parallel=True)
+_pkernel = parallel_kernel
 
 # GGML's constants (vec.h), as float32 so that numba keeps the arithmetic in float32
 _ONE = np.float32(1.0)
@@ -312,15 +312,19 @@ def unary_forward(node, dst, srcs):
     else:
         code = _OP_CODE[node.op]
         p0, p1 = (p[0], p[1]) if node.op in (Op.SCALE, Op.CLAMP) else (0.0, 0.0)
-    launch(unary, dst.size, code, srcs[0], dst, float(p0), float(p1))
+    return [launch(unary, dst.size, code, srcs[0], dst, float(p0), float(p1))]
 
 
 @forward(Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.ADD1, supports=_all_f32)
 def binary_forward(node, dst, srcs):
     a, b = srcs[0], srcs[1]
     if b.shape[3] != dst.shape[3]:  # repeat along dim 0: tile b's rows (small: b divides a)
-        b = np.tile(b, (1, 1, 1, dst.shape[3] // b.shape[3]))
-    launch(binary, dst.size, _BINARY_CODE[node.op], a, b, dst)
+        return [(_binary_tiled, (_BINARY_CODE[node.op], a, b, dst))]
+    return [launch(binary, dst.size, _BINARY_CODE[node.op], a, b, dst)]
+
+
+def _binary_tiled(code, a, b, dst):
+    binary(code, a, np.tile(b, (1, 1, 1, dst.shape[3] // b.shape[3])), dst)
 
 
 def _glu_supported(node):
@@ -330,8 +334,8 @@ def _glu_supported(node):
 @forward(Op.GLU, supports=_glu_supported)
 def glu_forward(node, dst, srcs):
     split = srcs[1] is not None
-    launch(glu, dst.size, node.op_params[0], srcs[0], srcs[1] if split else srcs[0], dst, split,
-           bool(node.op_params[1]))
+    return [launch(glu, dst.size, node.op_params[0], srcs[0], srcs[1] if split else srcs[0], dst,
+                   split, bool(node.op_params[1]))]
 
 
 # the cache of every kernel above also depends on these files (see simd.tie_cache)

@@ -35,7 +35,8 @@ activation quantizer, same integer lanes, same FMA order): on an FMA machine the
 go through the plain reference dot products (correct, slow). Float types use FMA lanes in
 another order than GGML's (relative differences ~1e-7).
 
-Entry point: ``mul_mat(w, wtype, x, dst)``.
+Entry points: ``mul_mat(w, wtype, x, dst)``, and ``mul_mat_steps`` (the same as kernel calls
+for the CPU backend's plans: argument checks and scratch buffers once per graph, not per step).
 """
 from __future__ import annotations
 
@@ -47,10 +48,11 @@ from numba import njit, prange
 
 from ...ops import Op
 from ...types import Type, as_type, row_size, type_size
-from . import forward
+from . import copy, forward
 from . import quant as Q
 from . import simd
 from . import vec_dot as V
+from .copy import KIND, from_f32, to_f32, unravel_row
 
 _kernel = njit(cache=True)
 _parallel = njit(cache=True, parallel=True)
@@ -82,8 +84,9 @@ PREFILL_CT = 16
 PREFILL_RT = 64
 DECODE_RT = 16
 DECODE_MAX_COLS = 8
-# below this many multiply-adds one thread beats waking the others (~10 µs)
-PARALLEL_MIN_MACS = 1 << 20
+# below this many multiply-adds one thread beats waking the others: libgomp's workers spin a
+# while after a parallel region, so the next one costs ~3 µs (a 768x768 Q4_K mat-vec is ~60 µs)
+PARALLEL_MIN_MACS = 1 << 16
 
 
 # =================================================================================================
@@ -282,7 +285,10 @@ def _task_float(kind, n, w4, xf, dst, t, RT, CT, acc, tmp):
     yo = ((i3 * dst.shape[1] + i2) * dst.shape[2] + c0) * ycs
     for r in range(r0, r1):
         x = w4[j3, j2, r]
-        if kind == 0:
+        if dst.shape[2] == 1:
+            # a single column (decode): the register-only kernel
+            tmp[0] = V.dot_float(n, x, xf, yo, kind)
+        elif kind == 0:
             V.dot_cols_f32(n, x, xf, yo, ycs, nc, acc, tmp)
         elif kind == 1:
             V.dot_cols_f16(n, x, xf, yo, ycs, nc, acc, tmp)
@@ -321,7 +327,8 @@ _tls = threading.local()
 
 
 def _scratch(name, nbytes):
-    """A reusable per-Python-thread byte buffer (fresh allocations would page-fault every call)."""
+    """A reusable per-Python-thread byte buffer (fresh allocations would page-fault every call).
+    A plan keeps the one it was made with, so a later, larger request never pulls it away."""
     buf = getattr(_tls, name, None)
     if buf is None or buf.nbytes < nbytes:
         buf = np.empty(max(nbytes, 1 << 16), np.uint8)
@@ -329,14 +336,15 @@ def _scratch(name, nbytes):
     return buf[:nbytes]
 
 
-def _round_bf16(x):
-    """float32 -> bf16 -> float32 as GGML's ggml_compute_fp32_to_bf16 (nearest even; NaN kept
-    quiet)."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    nan = (u & 0x7FFFFFFF) > 0x7F800000
-    r = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint32)
-    r = np.where(nan, (u >> 16) | 64, r)
-    return (r << 16).view(np.float32)
+@_kernel
+def _round_acts(kind, x4, xf):
+    """xf = x4 rounded to F16 (kind 1) or BF16 (kind 2) and back: GGML's vec_dot_type for those
+    weights is the weight type (F16 as GGML_CPU_FP32_TO_FP16, BF16 as ggml_compute_fp32_to_bf16)."""
+    n3, n2, n1, n0 = x4.shape
+    for r in range(n3 * n2 * n1):
+        i3, i2, i1 = unravel_row(r, n1, n2)
+        for i0 in range(n0):
+            xf[i3, i2, i1, i0] = to_f32(from_f32(x4[i3, i2, i1, i0], kind), kind)
 
 
 def tiles(ne01, ne11):
@@ -348,6 +356,14 @@ def tiles(ne01, ne11):
 
 def mul_mat(w, wtype, x, dst):
     """dst = GGML mul_mat(w, x); see the module docstring for shapes. Returns dst."""
+    for kernel, args in mul_mat_steps(w, wtype, x, dst, numba.get_num_threads()):
+        kernel(*args)
+    return dst
+
+
+def mul_mat_steps(w, wtype, x, dst, nth):
+    """The kernel calls ``[(kernel, args)]`` that compute ``mul_mat(w, x)`` into dst with ``nth``
+    threads: the arguments are checked and built here once, so that a plan can replay them."""
     wtype = as_type(wtype)
     if wtype not in SUPPORTED_TYPES:
         raise NotImplementedError(f"mul_mat: no CPU kernel for {wtype.name} weights")
@@ -364,41 +380,39 @@ def mul_mat(w, wtype, x, dst):
     if x.dtype != np.float32:
         raise ValueError("mul_mat: x must be float32")
     if dst.size == 0:
-        return dst
+        return []
     if ne10 == 0:
-        dst[...] = 0
-        return dst
+        return [(dst.fill, (0,))]
 
     RT, CT = tiles(ne01, ne11)
     macs = ne01 * ne10 * ne11 * ne12 * ne13
-    nth = numba.get_num_threads()
     parallel = macs >= PARALLEL_MIN_MACS and nth > 1
     nrows_x = ne11 * ne12 * ne13
 
     if wtype in FLOAT_TYPES:
+        steps = []
         if wtype == Type.F32:
             if w.dtype != np.float32:
                 raise ValueError("mul_mat: F32 weights must be float32")
-            xf = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+            xf = x
+            if not x.flags.c_contiguous:
+                xf = _scratch("xf", 4 * x.size).view(np.float32).reshape(x.shape)
+                steps.append((np.copyto, (xf, x)))
         else:
             if w.dtype == np.float16:
                 w = w.view(np.uint16)
             if w.dtype != np.uint16:
                 raise ValueError(f"mul_mat: {wtype.name} weights must be float16 or uint16")
-            # GGML's vec_dot_type for F16/BF16 is the weight type: round the activations
             xf = _scratch("xf", 4 * x.size).view(np.float32).reshape(x.shape)
-            if wtype == Type.F16:
-                np.copyto(xf, x.astype(np.float16), casting="unsafe")
-            else:
-                xf[...] = _round_bf16(x)
+            steps.append((_round_acts, (KIND[wtype], x, xf)))
         if w.shape[3] != ne10 or w.strides[3] != w.itemsize:
             raise ValueError(f"mul_mat: weight rows must be {ne10} contiguous elements")
         kind = (_F32, _F16, _BF16).index(int(wtype))
         if parallel:
-            _run_float_par(kind, ne10, w, xf.reshape(-1), dst, RT, CT, nth)
+            steps.append((_run_float_par, (kind, ne10, w, xf.reshape(-1), dst, RT, CT, nth)))
         else:
-            _run_float(kind, ne10, w, xf.reshape(-1), dst, RT, CT)
-        return dst
+            steps.append((_run_float, (kind, ne10, w, xf.reshape(-1), dst, RT, CT)))
+        return steps
 
     if w.dtype != np.uint8 or w.shape[3] != row_size(wtype, ne10) or w.strides[3] != 1:
         raise ValueError(f"mul_mat: {wtype.name} weights must be uint8 rows of "
@@ -409,23 +423,23 @@ def mul_mat(w, wtype, x, dst):
     fast = wtype in FAST_TYPES
     yq = _scratch("yq", rs * nrows_x)
     if nrows_x > 1 and parallel:
-        _quantize_acts_par(int(vt), x, yq, rs, bsz, fast, nth)
+        steps = [(_quantize_acts_par, (int(vt), x, yq, rs, bsz, fast, nth))]
     else:
-        _quantize_acts(int(vt), x, yq, rs, bsz, fast)
+        steps = [(_quantize_acts, (int(vt), x, yq, rs, bsz, fast))]
     if fast:
         if parallel:
-            _run_fast_par(int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth)
+            steps.append((_run_fast_par, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth)))
         else:
-            _run_fast(int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT)
+            steps.append((_run_fast, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT)))
     elif parallel:
-        _run_ref_par(int(wtype), ne10, w, yq, rs, dst, RT, CT, nth)
+        steps.append((_run_ref_par, (int(wtype), ne10, w, yq, rs, dst, RT, CT, nth)))
     else:
-        _run_ref(int(wtype), ne10, w, yq, rs, dst, RT, CT)
-    return dst
+        steps.append((_run_ref, (int(wtype), ne10, w, yq, rs, dst, RT, CT)))
+    return steps
 
 
 # the cache of every driver above also depends on these files (see simd.tie_cache)
-simd.tie_cache(globals(), simd.__file__, Q.__file__, V.__file__, __file__)
+simd.tie_cache(globals(), simd.__file__, Q.__file__, V.__file__, copy.__file__, __file__)
 
 
 def _mul_mat_supported(node):
@@ -436,4 +450,4 @@ def _mul_mat_supported(node):
 
 @forward(Op.MUL_MAT, supports=_mul_mat_supported)
 def _forward_mul_mat(node, dst, srcs):
-    mul_mat(srcs[0], node.src[0].type, srcs[1], dst)
+    return mul_mat_steps(srcs[0], node.src[0].type, srcs[1], dst, numba.get_num_threads())

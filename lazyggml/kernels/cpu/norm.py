@@ -20,12 +20,12 @@ from numba import njit, prange
 from ...ops import Op
 from ...types import Type
 from . import copy, forward, simd
-from .copy import launch, unravel_row
+from .copy import launch, parallel_kernel, unravel_row
 
 _NORM, _RMS_NORM = 0, 1
 
 
-@njit(cache=True, error_model="numpy", parallel=True)
+@parallel_kernel
 def norm(mode, x, dst, eps):
     n3, n2, n1, n0 = x.shape
     eps32 = np.float32(eps)
@@ -54,7 +54,7 @@ def _supports(node):
 @forward(Op.NORM, Op.RMS_NORM, supports=_supports)
 def norm_forward(node, dst, srcs):
     mode = _NORM if node.op == Op.NORM else _RMS_NORM
-    launch(norm, dst.size, mode, srcs[0], dst, float(node.op_params[0]))
+    return [launch(norm, dst.size, mode, srcs[0], dst, float(node.op_params[0]))]
 
 
 # the cache of every kernel above also depends on these files (see simd.tie_cache)

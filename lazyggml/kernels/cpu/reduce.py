@@ -65,10 +65,10 @@ def _f32_src(node):
 
 @forward(Op.SUM, Op.SUM_ROWS, Op.MEAN, supports=_f32_src)
 def reduce_forward(node, dst, srcs):
-    reduce_rows({Op.SUM: _SUM, Op.SUM_ROWS: _SUM_ROWS, Op.MEAN: _MEAN}[node.op], srcs[0], dst)
+    return [(reduce_rows, ({Op.SUM: _SUM, Op.SUM_ROWS: _SUM_ROWS, Op.MEAN: _MEAN}[node.op], srcs[0], dst))]
 
 
 @forward(Op.ARGMAX, supports=_f32_src)
 def argmax_forward(node, dst, srcs):
-    argmax(srcs[0], dst)
+    return [(argmax, (srcs[0], dst))]
 

@@ -33,11 +33,11 @@ from numba import njit, prange
 from ...ops import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, Op
 from ...types import Type
 from . import copy, forward, simd
-from .copy import launch, unravel_row
+from .copy import launch, parallel_kernel, unravel_row
 from .simd import fma as fmaf  # fused where the target has FMA, as GCC contracts GGML's C
 
 _kernel = njit(cache=True, error_model="numpy")
-_pkernel = njit(cache=True, error_model="numpy", parallel=True)
+_pkernel = parallel_kernel
 
 _F32 = np.float32
 _NO_FF = np.ones(1, np.float32)
@@ -72,14 +72,13 @@ def _yarn_ramp(low, high, i0):
 
 
 @_kernel
-def rope_cache(pos, ff, has_ff, n_dims, consts):
-    """cos/sin (scaled) of every rotated pair for every position: (n_pos, n_dims/2, 2).
-    ``consts``: ``rope_constants``, used as float32."""
+def rope_cache(pos, ff, has_ff, n_dims, consts, cache):
+    """Fill ``cache`` (n_pos, n_dims/2, 2) with the cos/sin (scaled) of every rotated pair for
+    every position. ``consts``: ``rope_constants``, used as float32."""
     theta_scale, corr0, corr1 = np.float32(consts[0]), np.float32(consts[1]), np.float32(consts[2])
     freq_scale, ext_factor = np.float32(consts[3]), np.float32(consts[4])
     attn_factor = np.float32(consts[5])
     half = n_dims // 2
-    cache = np.empty((pos.shape[0], half, 2), np.float32)
     for ip in range(pos.shape[0]):
         theta_base = np.float32(pos[ip])
         for k in range(half):
@@ -95,7 +94,6 @@ def rope_cache(pos, ff, has_ff, n_dims, consts):
             cache[ip, k, 0] = math.cos(theta) * mscale
             cache[ip, k, 1] = math.sin(theta) * mscale
             theta_base *= theta_scale
-    return cache
 
 
 @_pkernel
@@ -140,10 +138,11 @@ def rope_constants(n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_f
 def rope_forward(node, dst, srcs):
     p = node.op_params
     n_dims, mode = p[1], p[2]
-    ff = srcs[2]
-    cache = rope_cache(srcs[1].reshape(-1), _NO_FF if ff is None else ff.reshape(-1), ff is not None,
-                       n_dims, rope_constants(n_dims, *p[4:11]))
-    launch(rope, dst.size, srcs[0], cache, n_dims, mode == ROPE_TYPE_NEOX, dst)
+    ff, pos = srcs[2], srcs[1].reshape(-1)
+    cache = np.empty((pos.shape[0], n_dims // 2, 2), np.float32)   # the plan's own scratch
+    return [(rope_cache, (pos, _NO_FF if ff is None else ff.reshape(-1), ff is not None, n_dims,
+                          rope_constants(n_dims, *p[4:11]), cache)),
+            launch(rope, dst.size, srcs[0], cache, n_dims, mode == ROPE_TYPE_NEOX, dst)]
 
 
 # the cache of every kernel above also depends on these files (see simd.tie_cache)

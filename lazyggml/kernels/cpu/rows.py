@@ -2,16 +2,16 @@
 
 GET_ROWS: ``a`` [ne00, ne01, ne02, ne03], indices ``b`` [n, ne02, ne03] (I32 or I64) ->
 ``dst[i12, i11, i10] = a[i12, i11, b[i12, i11, i10]]`` (NumPy order). F32 and I32 rows are copied,
-F16 and BF16 rows converted to F32, quantized rows dequantized (``lazyggml.quants``).
+F16 and BF16 rows converted to F32, quantized rows dequantized (``quant.dequantize_chunk``).
 
 SET_ROWS: ``dst`` (a view of ``a``) gets ``dst[i03, i02, c[i03 % ne12, i02 % ne11, i]] = b[i03, i02,
 i]`` for every row ``i`` of the F32 ``b``; the indices broadcast over ``b``'s dims 2 and 3. The rows
 are converted to ``a``'s type: F32, F16, BF16, or quantized (``lazyggml.quants``, GGML's
 ``from_float``).
 
-Float rows move through small serial kernels (memory bound; see copy.py on compile costs);
-quantized rows are gathered or scattered as bytes by NumPy and (de)quantized by the quantizers'
-own compiled drivers.
+Rows move through small serial kernels (memory bound; see copy.py on compile costs); GET_ROWS
+dequantizes each quantized row in its kernel (a decode step's token embedding: one row), while
+SET_ROWS scatters the bytes of rows quantized by the quantizers' own compiled drivers.
 
 An index outside ``[0, n_rows)`` is an error (GGML asserts): the kernels skip such rows, count
 them, and the forward raises ``IndexError``.
@@ -25,7 +25,8 @@ from ... import quants
 from ...ops import Op
 from ...types import Type, is_quantized, type_size
 from . import copy, forward, quant, simd
-from .copy import FLOAT_TYPES, KIND, KIND_F32, KIND_RAW, as_bits, convert_row, quant_ready, unravel_row
+from .copy import (FLOAT_TYPES, KIND, KIND_F32, KIND_RAW, as_bits, convert_row, from_f32, quant_ready, to_f32,
+                   unravel_row)
 
 _kernel = njit(cache=True, error_model="numpy")
 
@@ -54,6 +55,21 @@ def get_rows(src, skind, idx, dst, dkind):
 
 
 @_kernel
+def get_rows_q(tid, src, idx, dst):
+    """GET_ROWS of quantized rows (type id ``tid``, rows of bytes) into float32 ``dst``."""
+    n3, n2, n1, _ = dst.shape
+    bad = 0
+    for r in range(n3 * n2 * n1):
+        i3, i2, i1 = unravel_row(r, n1, n2)
+        i01 = _row_index(idx, i3, i2, i1, src.shape[2])
+        if i01 < 0:
+            bad += 1
+        else:
+            quant.dequantize_chunk(tid, src[i3, i2, i01], dst[i3, i2, i1])
+    return bad
+
+
+@_kernel
 def set_rows(src, idx, dst, dkind):
     n3, n2, n1, _ = src.shape
     bad = 0
@@ -62,6 +78,8 @@ def set_rows(src, idx, dst, dkind):
         i = _row_index(idx, i3 % idx.shape[1], i2 % idx.shape[2], i1, dst.shape[2])
         if i < 0:
             bad += 1
+        elif src.shape[3] == 1:   # rows of one element (a transposed V cache): no row views
+            dst[i3, i2, i, 0] = from_f32(to_f32(src[i3, i2, i1, 0], KIND_F32), dkind)
         else:
             convert_row(src[i3, i2, i1], KIND_F32, dst[i3, i2, i], dkind)
     return bad
@@ -89,16 +107,27 @@ def _get_rows_supported(node):
     return a.type in FLOAT_TYPES or a.type == Type.I32
 
 
+def _checked(what, kernel, args, n_rows):
+    """Run a row kernel and raise if it skipped rows for their indices (a plan step)."""
+    _check(what, kernel(*args), n_rows)
+
+
+def _set_rows_q(qtype, b, idx, n_rows, dst):
+    """Quantize b's rows with lazyggml.quants, scatter their bytes."""
+    n3, n2, n, _ = b.shape
+    i3, i2, i = _batch_indices(idx, n3, n2, n_rows, "set_rows")
+    dst[i3, i2, i] = quants.quantize(qtype, b).reshape(n3, n2, n, -1)
+
+
 @forward(Op.GET_ROWS, supports=_get_rows_supported)
 def get_rows_forward(node, dst, srcs):
     a = node.src[0]
-    if is_quantized(a.type):  # gather the rows' bytes, dequantize them with lazyggml.quants
-        n3, n2, _, n0 = dst.shape
-        i3, i2, i = _batch_indices(srcs[1], n3, n2, a.ne[1], "get_rows")
-        dst[...] = quants.dequantize(a.type, srcs[0][i3, i2, i], n0).reshape(dst.shape)
-    else:  # F32 and I32 rows are copied as they are; F16, BF16 converted to F32
-        skind = KIND_RAW if a.type in (Type.F32, Type.I32) else KIND[a.type]
-        _check("get_rows", get_rows(as_bits(srcs[0]), skind, srcs[1], as_bits(dst), KIND_F32), a.ne[1])
+    if is_quantized(a.type):
+        return [(_checked, ("get_rows", get_rows_q, (int(a.type), srcs[0], srcs[1], dst), a.ne[1]))]
+    # F32 and I32 rows are copied as they are; F16, BF16 converted to F32
+    skind = KIND_RAW if a.type in (Type.F32, Type.I32) else KIND[a.type]
+    return [(_checked, ("get_rows", get_rows, (as_bits(srcs[0]), skind, srcs[1], as_bits(dst), KIND_F32),
+                        a.ne[1]))]
 
 
 def _set_rows_supported(node):
@@ -112,12 +141,10 @@ def _set_rows_supported(node):
 
 @forward(Op.SET_ROWS, supports=_set_rows_supported)
 def set_rows_forward(node, dst, srcs):
-    if is_quantized(node.type):  # quantize b's rows with lazyggml.quants, scatter their bytes
-        n3, n2, n, _ = srcs[0].shape
-        i3, i2, i = _batch_indices(srcs[1], n3, n2, node.ne[1], "set_rows")
-        dst[i3, i2, i] = quants.quantize(node.type, srcs[0]).reshape(n3, n2, n, -1)
-    else:
-        _check("set_rows", set_rows(as_bits(srcs[0]), srcs[1], as_bits(dst), KIND[node.type]), node.ne[1])
+    if is_quantized(node.type):
+        return [(_set_rows_q, (node.type, srcs[0], srcs[1], node.ne[1], dst))]
+    return [(_checked, ("set_rows", set_rows, (as_bits(srcs[0]), srcs[1], as_bits(dst), KIND[node.type]),
+                        node.ne[1]))]
 
 
 # the cache of every kernel above also depends on these files (see simd.tie_cache)

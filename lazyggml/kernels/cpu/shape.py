@@ -74,7 +74,7 @@ def _concat_supported(node):
 
 @forward(Op.CONCAT, supports=_concat_supported)
 def concat_forward(node, dst, srcs):
-    concat(as_bits(srcs[0]), as_bits(srcs[1]), 3 - node.op_params[0], as_bits(dst))
+    return [(concat, (as_bits(srcs[0]), as_bits(srcs[1]), 3 - node.op_params[0], as_bits(dst)))]
 
 
 def _plain_supported(node):
@@ -84,12 +84,12 @@ def _plain_supported(node):
 @forward(Op.PAD, supports=_plain_supported)
 def pad_forward(node, dst, srcs):
     p = node.op_params
-    pad(as_bits(srcs[0]), p[6], p[4], p[2], p[0], as_bits(dst))
+    return [(pad, (as_bits(srcs[0]), p[6], p[4], p[2], p[0], as_bits(dst)))]
 
 
 @forward(Op.REPEAT, supports=_plain_supported)
 def repeat_forward(node, dst, srcs):
-    repeat(as_bits(srcs[0]), as_bits(dst))
+    return [(repeat, (as_bits(srcs[0]), as_bits(dst)))]
 
 
 # the cache of every kernel above also depends on these files (see simd.tie_cache)

@@ -95,7 +95,8 @@ def tie_cache(namespace: dict, *paths: str) -> None:
         with open(p, "rb") as f:
             h.update(f.read())
     digest = h.hexdigest()
-    for obj in list(namespace.values()):
+    objs = list(namespace.values())
+    for obj in objs + [getattr(o, "serial", None) for o in objs]:   # copy.parallel_kernel's twins
         cache_file = getattr(getattr(obj, "_cache", None), "_cache_file", None)
         if cache_file is not None and hasattr(cache_file, "_source_stamp"):
             cache_file._source_stamp = (cache_file._source_stamp, digest)

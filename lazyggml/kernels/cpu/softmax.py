@@ -25,12 +25,12 @@ from numba import njit, prange
 from ...ops import Op
 from ...types import Type
 from . import copy, elementwise, forward, quant, simd
-from .copy import KIND, as_bits, launch, to_f32, unravel_row
+from .copy import KIND, as_bits, launch, parallel_kernel, to_f32, unravel_row
 from .elementwise import fmaf, v_expf
 from .rope import powf
 
 _kernel = njit(cache=True, error_model="numpy")
-_pkernel = njit(cache=True, error_model="numpy", parallel=True)
+_pkernel = parallel_kernel
 
 _NO_MASK = np.zeros((1, 1, 1, 1), np.uint32)
 _NEG_INF = -np.float32(np.inf)
@@ -54,11 +54,11 @@ def soft_max(x, mask, mkind, has_mask, slopes, scale, dst):
         vmax = -np.float32(np.inf)
         for i in range(n0):
             vmax = vmax if vmax > yr[i] else yr[i]
+        for i in range(n0):   # apart from the sum, so that LLVM vectorizes it
+            yr[i] = v_expf(yr[i] - vmax)
         s = 0.0
         for i in range(n0):
-            e = v_expf(yr[i] - vmax)
-            yr[i] = e
-            s += np.float64(e)
+            s += np.float64(yr[i])
         inv = np.float32(1.0 / s)
         for i in range(n0):
             yr[i] *= inv
@@ -102,8 +102,8 @@ def soft_max_forward(node, dst, srcs):
         mask, mkind = _NO_MASK, KIND[Type.F32]
     else:
         mask, mkind = as_bits(srcs[1]), KIND[mask_t.type]
-    launch(soft_max, dst.size, srcs[0], mask, mkind, mask_t is not None,
-           alibi_slopes(node.ne[2], max_bias), float(scale), dst)
+    return [launch(soft_max, dst.size, srcs[0], mask, mkind, mask_t is not None,
+                   alibi_slopes(node.ne[2], max_bias), float(scale), dst)]
 
 
 def _diag_mask_supported(node):
@@ -112,7 +112,7 @@ def _diag_mask_supported(node):
 
 @forward(Op.DIAG_MASK_INF, supports=_diag_mask_supported)
 def diag_mask_inf_forward(node, dst, srcs):
-    diag_mask(srcs[0], node.op_params[0], _NEG_INF, dst)
+    return [(diag_mask, (srcs[0], node.op_params[0], _NEG_INF, dst))]
 
 
 # the cache of every kernel above also depends on these files (see simd.tie_cache)

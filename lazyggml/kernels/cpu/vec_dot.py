@@ -908,6 +908,33 @@ def _float_cols(n, x, y, yo, ycs, nc, acc, out, kind):
         out[c] = s
 
 
+@njit(inline="always")
+def dot_float(n, x, y, yo, kind):
+    """``_float_cols`` for a single column, with the weights kept in registers: the very same
+    arithmetic (so a column alone equals that column among others, bit for bit), without parking
+    64 weights in ``acc`` per step, which costs more than the products when rows are as short as
+    a decode step's KQ rows (head_dim = 64). Inlined into the caller: a call per row (arguments,
+    reference counts) would cost as much as the row."""
+    ws = 4 if kind == 0 else 2
+    a = splat_f32x8(0.0)
+    n64 = n - n % 64
+    for i in range(0, n64, 64):
+        yb = yo + 4 * i
+        p = fma(_wload(x, ws * i, kind), load_f32x8(y, yb), a)
+        q = simd.vmul(_wload(x, ws * (i + 8), kind), load_f32x8(y, yb + 32))
+        p = fma(_wload(x, ws * (i + 16), kind), load_f32x8(y, yb + 64), p)
+        q = fma(_wload(x, ws * (i + 24), kind), load_f32x8(y, yb + 96), q)
+        p = fma(_wload(x, ws * (i + 32), kind), load_f32x8(y, yb + 128), p)
+        q = fma(_wload(x, ws * (i + 40), kind), load_f32x8(y, yb + 160), q)
+        p = fma(_wload(x, ws * (i + 48), kind), load_f32x8(y, yb + 192), p)
+        q = fma(_wload(x, ws * (i + 56), kind), load_f32x8(y, yb + 224), q)
+        a = vadd(p, q)
+    s = hsum_f32x8(a)
+    for i in range(n64, n):
+        s += _wscalar(x, ws * i, kind) * load_f32(y, yo + 4 * i)
+    return s
+
+
 @_fast
 def dot_cols_f32(n, x, y, yo, ycs, nc, acc, out):
     _float_cols(n, x, y, yo, ycs, nc, acc, out, 0)
