@@ -134,14 +134,17 @@ def test_logits_with_layers_on_opencl(tiny, n_gpu_layers):
 
 
 def test_kv_cache_continues_a_sequence(tiny):
-    """Prefill then token-by-token decode gives the logits of one long prefill."""
+    """Prefill then token-by-token decode gives the logits of one long prefill. Not bit for bit:
+    decode steps attend over a window padded to KV_PAD (256) cells and a prefill batch over one
+    padded to KV_PAD_BATCH (32), so soft_max sums rows of other lengths in another order (measured:
+    0 for most seeds, up to 5e-8 for some)."""
     path, hp, _, _ = tiny
     toks = _tokens(10, hp.n_vocab, SEED + 7)
     model = lg.load_model(path)
     full = model.eval(toks)
     model.reset()
     parts = [model.eval(toks[:6])] + [model.eval([t]) for t in toks[6:]]
-    assert _nmse(np.concatenate(parts), full) < 1e-10
+    assert _nmse(np.concatenate(parts), full) < 1e-6, f"seed {SEED}"
     assert model.n_past == len(toks)
     model.reset()
     last = model.eval(toks, logits_all=False)
