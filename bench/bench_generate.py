@@ -301,7 +301,7 @@ def profile_decode(path, args, n_steps):
             mod = importlib.import_module("lazyggml.kernels.cpu." + os.path.basename(file)[:-3])
             if isinstance(getattr(mod, func, None), Dispatcher):
                 kernel_s += tt
-    summary = (f"{n_steps} decode steps (n_kv {m._graph[0][1]}, {len(m._graph[1].nodes)} graph nodes): "
+    summary = (f"{n_steps} decode steps (n_kv {m._graphs[m.sched_decode][0][1]}, {len(m._graphs[m.sched_decode][1].nodes)} graph nodes): "
                f"{plain * 1e3:.2f} ms/step without the profiler, {prof * 1e3:.2f} ms/step under it, "
                f"of which {kernel_s / n_steps * 1e3:.2f} ms/step inside Numba kernels")
     out = io.StringIO()

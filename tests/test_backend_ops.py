@@ -690,6 +690,32 @@ def test_replayed_plan_reads_new_data_and_follows_moved_tensors(cpu):
             t.buffer = t.offset = None
 
 
+def test_plan_survives_other_graphs_allocations(cpu):
+    """Allocating other tensors (another graph, as a prompt batch between decode steps) keeps a
+    graph's plan; moving one of its own tensors rebuilds it."""
+    from lazyggml.alloc import alloc_ctx_tensors_from_buft
+    from lazyggml.backends.cpu import cpu_buffer_type
+    ctx = lg.Context(no_alloc=True)
+    with ctx:
+        a = ctx.new_tensor_1d(F32, 16)
+        out = lg.scale(a, 3.0)
+    g = lg.Graph()
+    lg.build_forward_expand(g, out)
+    alloc_ctx_tensors_from_buft(ctx, cpu_buffer_type())
+    tensor_set(a, np.arange(16, dtype=np.float32))
+    cpu.graph_compute(g)
+    plan = cpu._plans[g]
+    other = lg.Context(no_alloc=True)
+    other.new_tensor_1d(F32, 8)
+    alloc_ctx_tensors_from_buft(other, cpu_buffer_type())      # moves the epoch, not our tensors
+    cpu.graph_compute(g)
+    assert cpu._plans[g] is plan
+    a.buffer, a.offset = out.buffer, out.offset                 # a now lives where out does
+    tensor_set(a, np.ones(16, np.float32))
+    cpu.graph_compute(g)
+    assert cpu._plans[g] is not plan and np.array_equal(tensor_get(out).ravel(), np.full(16, 3.0))
+
+
 def test_float16_rounding_matches_numpy(cpu):
     """F32 -> F16 rounds to nearest even, overflows to inf, keeps NaN and subnormals (F16C's)."""
     special = np.array([0.0, -0.0, 65504.0, 65519.0, 65520.0, -1e9, np.inf, -np.inf, np.nan, 1e-8,

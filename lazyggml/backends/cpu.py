@@ -8,8 +8,9 @@ flag (unselected branches of ``build_forward_select``) and empty tensors are ski
 
 A graph is first turned into a *plan*: each node's forward function (``kernels/cpu``) returns its
 kernel calls with their arguments already built (views, scratch, constants), and the plan is the
-list of them all. It is kept with the graph and replayed while the graph has the same nodes, no
-tensor has moved (``tensor.placement_epoch``) and the thread count is the same: a decode step then
+list of them all. It is kept with the graph and replayed while the graph has the same nodes, none
+of its tensors has moved (``tensor.placement_epoch`` says whether any tensor did; only then are
+the graph's own looked at) and the thread count is the same: a decode step then
 costs one Python call per kernel, and Numba's thread count is set once per graph, not per kernel
 (setting or reading it costs ~2 µs from Python). After its first run, when Numba has compiled every
 kernel for these arguments, the plan calls the compiled code directly (``_compiled``).
@@ -84,24 +85,38 @@ class CPUBackend(Backend):
         return Status.SUCCESS
 
     def _plan(self, g):
-        key = (tuple(g.nodes), tensor.placement_epoch, self.n_threads)
+        key = (tuple(g.nodes), self.n_threads)
         plan = self._plans.get(g)
-        if plan is None or plan.key != key:
-            steps = []
-            for fn, node in FORWARD.runnable(g):
-                steps += fn(node, host_view(node), [None if s is None else host_view(s) for s in node.src])
-            plan = self._plans[g] = _Plan(key, steps)
+        if plan is not None and plan.key == key:
+            if plan.epoch == tensor.placement_epoch:
+                return plan
+            # something moved, but maybe not this graph's tensors (another graph was allocated
+            # in between, e.g. a prompt batch between decode steps): look before rebuilding
+            placement = _placement(g)
+            if placement == plan.placement:
+                plan.epoch = tensor.placement_epoch
+                return plan
+        steps = []
+        for fn, node in FORWARD.runnable(g):
+            steps += fn(node, host_view(node), [None if s is None else host_view(s) for s in node.src])
+        plan = self._plans[g] = _Plan(key, steps, _placement(g))
         return plan
 
 
+def _placement(g):
+    """Where every node of ``g`` and its sources live."""
+    return tuple((t.buffer, t.offset) for n in g.nodes for t in (n, *n.src) if t is not None)
+
+
 class _Plan:
-    """A graph's kernel calls, what they were made for (nodes, placement epoch, threads), and
-    whether they already call compiled code directly."""
+    """A graph's kernel calls, what they were made for (nodes and threads; the placement epoch and
+    the placement it saw), and whether they already call compiled code directly."""
 
-    __slots__ = ("key", "steps", "direct")
+    __slots__ = ("key", "steps", "epoch", "placement", "direct")
 
-    def __init__(self, key, steps):
+    def __init__(self, key, steps, placement):
         self.key, self.steps, self.direct = key, steps, False
+        self.epoch, self.placement = tensor.placement_epoch, placement
 
 
 def _compiled(kernel, args):
