@@ -410,7 +410,7 @@ def main():
         cmd = f"chrt -r {os.sched_getparam(0).sched_priority} {cmd}"
     meta = [
         f"* date: {datetime.date.today().isoformat()}",
-        "* commit: COMMIT (the tree this table was measured on)",
+        f"* commit: {git_commit()} (the tree this table was measured on)",
         f"* machine: {cpu_model()}, {os.cpu_count()} logical CPUs; {args.threads} threads for both engines",
         f"* Python {platform.python_version()}, numba {__import__('numba').__version__}",
         "* llama.cpp: " + (f"llama-cpp-python {llama_info['version']} ({llama_python}); "
