@@ -134,17 +134,19 @@ def test_logits_with_layers_on_opencl(tiny, n_gpu_layers):
 
 
 def test_kv_cache_continues_a_sequence(tiny):
-    """Prefill then token-by-token decode gives the logits of one long prefill. Not bit for bit:
-    decode steps attend over a window padded to KV_PAD (256) cells and a prefill batch over one
-    padded to KV_PAD_BATCH (32), so soft_max sums rows of other lengths in another order (measured:
-    0 for most seeds, up to 5e-8 for some)."""
-    path, hp, _, _ = tiny
+    """Prefill then token-by-token decode gives the logits of one long prefill, within the model
+    type's tolerance. Not bit for bit: decode steps attend over a window padded to KV_PAD (256)
+    cells and a prefill batch over one padded to KV_PAD_BATCH (32), so soft_max sums rows of other
+    lengths in another order. F16 measured 0 for most seeds and up to 5e-8 for some. With 8-bit
+    activations a last-bit difference can cross a rounding step: Q4_K_M reached 1e-5. A wrong
+    cache cell would give errors of order 1."""
+    path, hp, _, tol = tiny
     toks = _tokens(10, hp.n_vocab, SEED + 7)
     model = lg.load_model(path)
     full = model.eval(toks)
     model.reset()
     parts = [model.eval(toks[:6])] + [model.eval([t]) for t in toks[6:]]
-    assert _nmse(np.concatenate(parts), full) < 1e-6, f"seed {SEED}"
+    assert _nmse(np.concatenate(parts), full) < tol, f"seed {SEED}"
     assert model.n_past == len(toks)
     model.reset()
     last = model.eval(toks, logits_all=False)
