@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import lazyggml as lg  # noqa: E402
 from lazyggml.alloc import Gallocr, alloc_ctx_tensors_from_buft  # noqa: E402
+from run_info import cpu_model  # noqa: E402
 from lazyggml.backend import BufferType, BufferUsage  # noqa: E402
 
 # small dims: the plan's cost depends on the number of tensors, not on their sizes
@@ -135,13 +136,7 @@ def run(n_layer, n_tokens, repeat):
 
 
 def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def main():

@@ -58,6 +58,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import lazyggml as lg  # noqa: E402
+from run_info import cpu_model, git_commit, sched_policy  # noqa: E402
 from lazyggml.gguf_io import LlamaHParams, read_gguf  # noqa: E402
 
 N_CTX = 512
@@ -320,37 +321,6 @@ def fmt_table(rows):
                 + ", ".join(f"{x:.1f}" for x in r["decode_runs"]))
         lines.append(f"| {r['model']} | {r['engine']} | {r['prefill']:,.1f} | {r['decode']:,.1f} | {ratio} | {runs} |")
     return "\n".join(lines)
-
-
-def cpu_model():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def sched_policy():
-    try:
-        pol = os.sched_getscheduler(0)
-        names = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_RR: "SCHED_RR", os.SCHED_FIFO: "SCHED_FIFO"}
-        prio = os.sched_getparam(0).sched_priority
-        return f"{names.get(pol, pol)} (priority {prio})"
-    except (AttributeError, OSError):
-        return "unknown"
-
-
-def git_commit():
-    try:
-        r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
-        return r.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
-    except OSError:
-        return "unknown"
 
 
 def main():

@@ -19,8 +19,6 @@ import argparse
 import ctypes
 import datetime
 import os
-import platform
-import subprocess
 import sys
 import time
 
@@ -35,6 +33,7 @@ from lazyggml.kernels.cpu import simd  # noqa: E402
 from lazyggml.types import Type, row_size, type_size  # noqa: E402
 
 import ggml  # noqa: E402  (ggml-python)
+from run_info import cpu_model, sched_policy  # noqa: E402
 
 M_ROWS, K = 4096, 14336
 ROWS = [(Type.Q4_K, 1), (Type.Q4_K, 2), (Type.Q4_K, 4), (Type.Q4_K, 8), (Type.Q4_K, 512),
@@ -120,27 +119,6 @@ def bench_row(rng, t, n, n_threads, rounds, budget_s):
             len(to))
 
 
-def _policy():
-    try:
-        pol = os.sched_getscheduler(0)
-    except (AttributeError, OSError):
-        return "unknown"
-    names = {getattr(os, "SCHED_OTHER", -1): "SCHED_OTHER", getattr(os, "SCHED_RR", -2): "SCHED_RR",
-             getattr(os, "SCHED_FIFO", -3): "SCHED_FIFO"}
-    return names.get(pol, str(pol))
-
-
-def cpu_model():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -175,7 +153,7 @@ def main():
         f"{numba.threading_layer()}",
         f"* GGML: ggml-python {getattr(ggml, '__version__', '?')} (its vendored GGML, built with "
         f"-march=native), one-node graph, `ggml_graph_plan` + `ggml_graph_compute`",
-        f"* load average before/after: {load0[0]:.2f} / {load1[0]:.2f}; scheduling: {_policy()} "
+        f"* load average before/after: {load0[0]:.2f} / {load1[0]:.2f}; scheduling: {sched_policy()} "
         f"(on a shared, loaded machine run it as `chrt -r 1 python bench/bench_mul_mat.py`: "
         f"with other processes on the 2 cores, a descheduled thread stalls every parallel region "
         f"and both sides come out 10-20x slower)",

@@ -35,6 +35,7 @@ sys.path.insert(0, ROOT)
 
 import lazyggml as lg  # noqa: E402
 from lazyggml.cli import _placement  # noqa: E402
+from run_info import git_commit  # noqa: E402
 
 MODELS = {   # make_tiny_llama shapes
     "llama-125m": dict(n_layer=12, n_embd=768, n_head=12, n_head_kv=4, n_ff=2048, n_vocab=32000),
@@ -98,8 +99,7 @@ def bench(name, args, rows, checks):
 def table(rows, checks, args):
     gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
                           capture_output=True, text=True).stdout.strip().replace("\n", "; ")
-    commit = os.environ.get("LAZYGGML_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "unknown"
+    commit = git_commit()
     out = [f"* date: {datetime.date.today()}; commit: {commit}; GPUs: {gpus}; Python {platform.python_version()}",
            f"* prompt {args.n_prompt} tokens in micro-batches of {args.n_batch}, then {args.n_gen} decode "
            f"steps; n_ctx {args.n_ctx}; median of {args.runs} runs after a warm-up",

@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import lazyggml as lg  # noqa: E402
-from bench_generate import git_commit  # noqa: E402
+from run_info import git_commit  # noqa: E402
 from lazyggml.alloc import alloc_ctx_tensors  # noqa: E402
 from lazyggml.quants import quantize  # noqa: E402
 
