@@ -213,7 +213,7 @@ def main(argv=None):
     from .gguf_io import GGUFError
     try:
         return args.fn(args)
-    except (ValueError, GGUFError) as e:   # bad input: say what, without a traceback
+    except (OSError, ValueError, GGUFError) as e:   # bad input: say what, without a traceback
         print(f"lazyggml: error: {e}", file=sys.stderr)
         return 1
 

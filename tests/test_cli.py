@@ -25,6 +25,17 @@ def test_info_lists_devices_and_support(capsys):
     assert "CPU:" in out and "mul_mat q4_K" in out
 
 
-def test_generate_missing_file_is_a_clear_error(tmp_path):
-    with pytest.raises((OSError, ValueError)):
-        main(["generate", str(tmp_path / "missing.gguf"), "-n", "1"])
+def test_generate_missing_file_is_a_clear_error(tmp_path, capsys):
+    assert main(["generate", str(tmp_path / "missing.gguf"), "-n", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lazyggml: error:") and "missing.gguf" in err
+
+
+def test_bad_offload_options_are_clear_errors(capsys):
+    """A bad micro-batch size: one line, exit 1 (a tensor split that does not fit the devices
+    raises the same way: test_llama.py); ratios that are not numbers: argparse's usage error."""
+    assert main(["demo", "-n", "1", "-ub", "-4"]) == 1
+    assert "n_batch must be positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "-ts", "a,b"])
+    assert e.value.code == 2 and "expected numbers separated by commas" in capsys.readouterr().err
