@@ -33,7 +33,7 @@ from lazyggml.kernels.cpu import simd  # noqa: E402
 from lazyggml.types import Type, row_size, type_size  # noqa: E402
 
 import ggml  # noqa: E402  (ggml-python)
-from run_info import cpu_model, sched_policy  # noqa: E402
+from run_info import cpu_model, git_commit, sched_policy  # noqa: E402
 
 M_ROWS, K = 4096, 14336
 ROWS = [(Type.Q4_K, 1), (Type.Q4_K, 2), (Type.Q4_K, 4), (Type.Q4_K, 8), (Type.Q4_K, 512),
@@ -147,7 +147,7 @@ def main():
     load1 = os.getloadavg()
     meta = [
         f"* date: {datetime.date.today().isoformat()}",
-        "* commit: COMMIT",
+        f"* commit: {git_commit()}",
         f"* machine: {cpu_model()}, {os.cpu_count()} logical CPUs; {args.threads} threads for both",
         f"* lazyggml SIMD path: {simd.ISA}; numba {numba.__version__}, threading layer "
         f"{numba.threading_layer()}",
