@@ -165,6 +165,36 @@ if not CHILD:
         assert r.returncode == 0, f"simulator tests failed:\n{report}"
         print(report.strip().splitlines()[-1])
 
+    _KEY_SCRIPT = """
+import lazyggml
+from numba.core import types
+from lazyggml.kernels.cuda import mmq, mmvq
+
+class Codegen:                      # the GPU's part of the key, fixed here: no GPU needed
+    def magic_tuple(self):
+        return ("nvptx64-nvidia-cuda", "sm_90", "")
+
+sig = (types.int32[::1],) * 5
+kernels = [mmvq.get_kernel(t, n) for t in mmvq.VEC_DOT for n in range(1, 9)]
+kernels += [mmq.get_kernel(J, mma) for J in mmq.MMQ_J for mma in (False, True)]
+for k in kernels:
+    print(repr(k._cache._index_key(sig, Codegen())))
+"""
+
+    def test_cuda_cache_keys_of_factory_kernels_are_the_same_in_every_process():
+        """The kernels mmvq and mmq build per (type, columns) and tile width close over device
+        functions, whose pickle (numba-cuda's closure key) changes from process to process. Their
+        disk-cache keys must not: else ``lazyggml warmup`` is never all hits on a GPU. Computed
+        with the real (not simulated) numba-cuda, which needs no GPU for this."""
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        runs = [subprocess.run([sys.executable, "-c", _KEY_SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                               text=True, timeout=300) for _ in range(2)]
+        for r in runs:
+            assert r.returncode == 0, r.stderr[-4000:]
+        keys = runs[0].stdout.splitlines()
+        assert len(keys) > 20 and keys == runs[1].stdout.splitlines()
+        assert len(set(keys)) == len(keys), "two kernel variants share a cache key"
+
     def _gpu():
         try:
             from numba import cuda

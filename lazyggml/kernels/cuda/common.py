@@ -353,11 +353,19 @@ class _StableClosureCache(CUDACache):
     numba keys a cached kernel by its bytecode and a pickle of the values it closes over. The
     kernels our factories make close over device functions (a type's ``vec_dot``, mmq's tile
     loader), and their pickle differs from one process to the next, so such a kernel's key never
-    comes back. Here the closure part of the key is ``_describe`` instead. On an H200 those 10
-    kernels still missed on every ``lazyggml warmup`` after this: something else stops them too,
-    not yet found (bench/results/startup.md)."""
+    comes back. Here the closure hash is replaced by a hash of ``_describe``.
+
+    The key's layout is numba-cuda's and changes between versions (0.30 inserted its version
+    before the hashes), so the hash pair is found by its first member, the bytecode's hash, rather
+    than by position; a layout without it is an error, not a cache that silently never hits."""
 
     def _index_key(self, sig, codegen):
-        key = super()._index_key(sig, codegen)   # (sig, magic, (code hash, closure hash)), extras
+        key = super()._index_key(sig, codegen)
+        code_hash = hashlib.sha256(self._py_func.__code__.co_code).hexdigest()
         stable = hashlib.sha256(repr(_describe(self._py_func)).encode()).hexdigest()
-        return (key[0], key[1], (key[2][0], stable)) + tuple(key[3:])
+        new = tuple((code_hash, stable) if isinstance(k, tuple) and len(k) == 2 and k[0] == code_hash else k
+                    for k in key)
+        if new == key:
+            raise RuntimeError(f"numba-cuda's cache key has no (bytecode, closure) hash pair: {key!r}; "
+                               "lazyggml.kernels.cuda.common._StableClosureCache needs updating")
+        return new
