@@ -564,7 +564,7 @@ def run_cases(device_names, case_names, check=False, locked=False):
     outcomes = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(warnings.catch_warnings())
-        warnings.simplefilter("ignore", NumbaPerformanceWarning)   # tiny grids on purpose
+        warnings.simplefilter("ignore", NumbaPerformanceWarning)   # tiny grids, strided views: on purpose
         stack.enter_context(recorder.active(cuda="cuda" in kinds, opencl="opencl" in kinds))
         if locked:
             stack.enter_context(_locked_cache_saves())

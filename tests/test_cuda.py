@@ -195,6 +195,21 @@ for k in kernels:
         assert len(keys) > 20 and keys == runs[1].stdout.splitlines()
         assert len(set(keys)) == len(keys), "two kernel variants share a cache key"
 
+    @pytest.mark.parametrize("user_value", [None, "1"])
+    def test_low_occupancy_warnings_are_off_unless_the_user_asks(user_value):
+        """Small grids are GGML's design; numba-cuda's per-launch warning about them is turned off
+        when the CUDA kernels load, except where NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS says otherwise."""
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        env.pop("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", None)
+        if user_value is not None:
+            env["NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS"] = user_value
+        script = ("import lazyggml.kernels.cuda.common\n"
+                  "from numba.cuda.core import config\n"
+                  "print(config.CUDA_LOW_OCCUPANCY_WARNINGS)")
+        r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-4000:]
+        assert r.stdout.strip() == (user_value or "0")
+
     def _gpu():
         try:
             from numba import cuda

@@ -36,6 +36,7 @@ that feed a float are wrapped in ``np.int32(...)``, else numba multiplies (and c
 from __future__ import annotations
 
 import hashlib
+import importlib
 import math
 import os
 
@@ -47,6 +48,28 @@ from numba.core import types
 from numba.core.extending import intrinsic
 
 SIM = bool(config.ENABLE_CUDASIM)
+
+# GGML launches small grids on purpose: a block per row of a tiny model's norms, decode's few
+# mat-vec blocks. numba-cuda warns at every launch of fewer than 128 blocks ("Grid size N will
+# likely result in GPU under-utilization"), which buried `lazyggml demo -ngl 99`'s output. Off for
+# the process, unless the user set NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS themselves.
+if not SIM and "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
+    for _config in ("numba.cuda.core.config", "numba.core.config"):   # numba-cuda 0.30's, older
+        try:
+            importlib.import_module(_config).CUDA_LOW_OCCUPANCY_WARNINGS = 0
+        except ImportError:
+            pass
+
+QK8_1 = 32              # values per q8_1 block
+Q8_1_INTS = 9           # sizeof(block_q8_1) / 4: ds (half2) + 8 ints of quants
+QK8_1_MMQ = 128         # values per block_q8_1_mmq (4 x q8_1 sharing one 16-byte header)
+Q8_1_MMQ_INTS = 36      # sizeof(block_q8_1_mmq) / 4: 4 x half2 (d, s) + 32 ints of quants
+MATRIX_ROW_PADDING = 512  # src1 rows are quantized padded to a multiple of this (zeros)
+
+CU_DIR = os.path.dirname(os.path.abspath(__file__))
+
+F32_ZERO = np.float32(0.0)
+F32_ONE = np.float32(1.0)
 
 QK8_1 = 32              # values per q8_1 block
 Q8_1_INTS = 9           # sizeof(block_q8_1) / 4: ds (half2) + 8 ints of quants
