@@ -398,6 +398,20 @@ if CHILD:
             assert [sp.backend_id for sp in s.splits] == [0, 1]
             assert np.array_equal(lg.tensor_get(out)[0, 0], (xv + w0) * w1)
 
+    def test_sim_device_functions_run_as_plain_python_unless_they_use_cuda():
+        """Under the simulator, a device function that never touches ``cuda`` (itself or through
+        what it calls) is called directly, skipping the simulator's per-call locks; one that does
+        keeps the simulator's call, which gives it the running kernel's ``cuda``."""
+        from lazyggml.kernels.cuda import common, mmvq
+        plain = [common.dp4a, common.load_int4, common.half2_float2, mmvq.vec_dot_q4_K_q8_1]
+        simulated = [common.warp_reduce_sum, common.block_reduce_sum]
+        for f in plain + simulated:
+            assert isinstance(f, common._SimDeviceFunction)
+        assert [common._uses_cuda(f.__wrapped__, set()) for f in plain + simulated] == \
+            [False] * len(plain) + [True] * len(simulated)
+        a, b = np.int8([1, -2, 3, -128]).view(np.int32)[0], np.int8([5, 6, -7, 127]).view(np.int32)[0]
+        assert common.dp4a(a, b, np.int32(10)) == 10 + 5 - 12 - 21 - 128 * 127
+
     def test_sim_quantize_q8_1(be, rng):
         """Bit-exact quants and scales (a row of 40 values: padded to 512, 2 blocks of 256 threads)."""
         from numba import cuda

@@ -20,6 +20,11 @@ when this module is imported (``SIM``):
 
 The int8 tensor-core product ``mma_s8_16x8x32`` (inline PTX, GPU only) serves the fast mmq.
 
+**Device functions** are declared with ``@device``: inlined into their callers on the GPU; under
+the simulator called as plain Python where they do not touch ``cuda``, because the simulator's own
+device-function call takes locks that stall a block's hundreds of Python threads
+(``_SimDeviceFunction``).
+
 **Wide accesses.** ``load_int2``/``load_int4`` read 2 or 4 consecutive int32s of an array's data
 (flat C order, whatever the array's shape) with one 8- or 16-byte access, and ``store_int4``
 writes 4: one instruction where numba would issue four. The element must be aligned to the access
@@ -35,10 +40,12 @@ that feed a float are wrapped in ``np.int32(...)``, else numba multiplies (and c
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import math
 import os
+import types as types_
 
 import numba
 import numpy as np
@@ -71,16 +78,51 @@ CU_DIR = os.path.dirname(os.path.abspath(__file__))
 F32_ZERO = np.float32(0.0)
 F32_ONE = np.float32(1.0)
 
-QK8_1 = 32              # values per q8_1 block
-Q8_1_INTS = 9           # sizeof(block_q8_1) / 4: ds (half2) + 8 ints of quants
-QK8_1_MMQ = 128         # values per block_q8_1_mmq (4 x q8_1 sharing one 16-byte header)
-Q8_1_MMQ_INTS = 36      # sizeof(block_q8_1_mmq) / 4: 4 x half2 (d, s) + 32 ints of quants
-MATRIX_ROW_PADDING = 512  # src1 rows are quantized padded to a multiple of this (zeros)
 
-CU_DIR = os.path.dirname(os.path.abspath(__file__))
+def _uses_cuda(fn, seen):
+    """Whether running ``fn`` under the simulator touches the ``cuda`` module: by name in its code
+    (nested code included), or through a function it calls or closes over."""
+    if fn in seen:
+        return False
+    seen.add(fn)
+    names, codes = set(), [fn.__code__]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if isinstance(c, types_.CodeType))
+    if "cuda" in names:
+        return True
+    callees = [fn.__globals__.get(n) for n in names] + [c.cell_contents for c in fn.__closure__ or ()]
+    return any(_uses_cuda(f, seen) for f in (getattr(v, "__wrapped__", v) for v in callees)
+               if isinstance(f, types_.FunctionType))
 
-F32_ZERO = np.float32(0.0)
-F32_ONE = np.float32(1.0)
+
+class _SimDeviceFunction:
+    """A device function under the simulator, called as plain Python when it can be.
+
+    numba-cuda's simulator runs a device function inside a context that swaps its module's ``cuda``
+    for the running kernel's fake one, taking two locks per call. With the 128 to 256 Python
+    threads of a CUDA block calling ``dp4a`` or ``load_int4`` in their inner loops, those locks
+    convoy: a single call measured 0 to 0.2 s, and one simulated mmq launch 3.5 to 263 s from run
+    to run. A function that never touches ``cuda`` (decided at its first call, when everything it
+    calls is defined) needs no swap and is called directly: the same launch then took 5 to 6 s."""
+
+    def __init__(self, fn):
+        functools.update_wrapper(self, fn)
+        self._simulated = cuda.jit(device=True)(fn)
+        self._call = None
+
+    def __call__(self, *args):
+        if self._call is None:
+            self._call = self._simulated if _uses_cuda(self.__wrapped__, set()) else self.__wrapped__
+        return self._call(*args)
+
+
+def device(fn):
+    """A device function: ``cuda.jit(device=True, inline=True)`` on the GPU (inlined into its
+    callers, as GGML's ``static __device__ __forceinline__``); ``_SimDeviceFunction`` under the
+    simulator."""
+    return _SimDeviceFunction(fn) if SIM else cuda.jit(device=True, inline=True)(fn)
 
 
 def _dp4a_impl():
@@ -95,7 +137,7 @@ def _dp4a_impl():
 DP4A_IMPL = _dp4a_impl()
 
 if DP4A_IMPL == "sim":
-    @cuda.jit(device=True)
+    @device
     def dp4a(a, b, c):
         s = int(c)
         ua, ub = int(a) & 0xFFFFFFFF, int(b) & 0xFFFFFFFF
@@ -150,22 +192,22 @@ if not SIM:
 
 
 if SIM:
-    @cuda.jit(device=True)
+    @device
     def load_int2(a, i):
         f = a.reshape(-1)
         return f[i], f[i + 1]
 
-    @cuda.jit(device=True)
+    @device
     def load_int4(a, i):
         f = a.reshape(-1)
         return f[i], f[i + 1], f[i + 2], f[i + 3]
 
-    @cuda.jit(device=True)
+    @device
     def store_int4(a, i, v0, v1, v2, v3):
         f = a.reshape(-1)
         f[i], f[i + 1], f[i + 2], f[i + 3] = v0, v1, v2, v3
 
-    @cuda.jit(device=True)
+    @device
     def half2_float2(x):
         h = np.array([x], np.int32).view(np.float16)
         return np.float32(h[0]), np.float32(h[1])
@@ -224,7 +266,7 @@ else:
 
 
 if SIM:
-    @cuda.jit(device=True)
+    @device
     def _block_tid():
         return cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z)
 
@@ -244,27 +286,27 @@ if SIM:
         cuda.syncthreads()
         return vals[tid % width]
 
-    @cuda.jit(device=True)
+    @device
     def warp_reduce_sum(x, width):
         return _butterfly(x, width, lambda a, b: a + b)
 
-    @cuda.jit(device=True)
+    @device
     def warp_reduce_max(x, width):
         return _butterfly(x, width, max)
 
-    @cuda.jit(device=True)
+    @device
     def roundf(x):
         """C's roundf: halves away from zero (exact: |x| + 0.5 is exact in float64)."""
         return np.float32(math.copysign(math.floor(abs(float(x)) + 0.5), float(x)))
 
-    @cuda.jit(device=True)
+    @device
     def rsqrtf(x):
         return np.float32(1.0 / math.sqrt(float(x)))
 
 else:
     from numba.cuda import libdevice
 
-    @cuda.jit(device=True, inline=True)
+    @device
     def warp_reduce_sum(x, width):
         off = width >> 1
         while off > 0:
@@ -272,7 +314,7 @@ else:
             off >>= 1
         return x
 
-    @cuda.jit(device=True, inline=True)
+    @device
     def warp_reduce_max(x, width):
         off = width >> 1
         while off > 0:
@@ -280,11 +322,11 @@ else:
             off >>= 1
         return x
 
-    @cuda.jit(device=True, inline=True)
+    @device
     def roundf(x):
         return libdevice.roundf(x)
 
-    @cuda.jit(device=True, inline=True)
+    @device
     def rsqrtf(x):
         return libdevice.rsqrtf(x)
 
@@ -297,7 +339,7 @@ def round_up(a, b):
     return cdiv(a, b) * b
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def block_reduce_sum(v, part):
     """Sum over the whole (1-D) block: warp butterflies, then one more across the warps' results
     in ``part`` (shared, 32 floats). Every thread of the block must call it; all get the total."""
@@ -314,7 +356,7 @@ def block_reduce_sum(v, part):
     return v
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def block_reduce_max(v, part):
     v = warp_reduce_max(v, 32)
     nw = cuda.blockDim.x // 32

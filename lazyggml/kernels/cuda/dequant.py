@@ -13,14 +13,14 @@ import numpy as np
 from numba import cuda
 
 from ...types import Type, blck_size, type_size
-from .common import jit_kernel
+from .common import device, jit_kernel
 from .elementwise import BLOCK, grid_for
 
 T_Q4_K, T_Q6_K = int(Type.Q4_K), int(Type.Q6_K)
 QUANT_TYPES = (Type.Q4_K, Type.Q6_K, Type.Q8_0)
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def _q4_K(u8, h, B, j):
     c = j // 64
     l = j % 64
@@ -39,7 +39,7 @@ def _q4_K(u8, h, B, j):
     return d * np.float32(q) - dm
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def _q6_K(u8, h, B, j):
     n = j // 128
     part = (j % 128) // 32           # which of the four 32-value runs of this half
@@ -52,14 +52,14 @@ def _q6_K(u8, h, B, j):
     return np.float32(h[B // 2 + 104]) * np.float32(sc) * np.float32((nib | (hi << 4)) - 32)
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def _q8_0(u8, h, B, j):
     q = np.int32(u8[B + 2 + j])
     q = q - 256 if q > 127 else q
     return np.float32(h[B // 2]) * np.float32(q)
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def dequantize(ty, u8, h, B, j):
     """Value ``j`` of the block at byte ``B`` of type id ``ty`` (Q4_K, Q6_K, else Q8_0)."""
     if ty == T_Q4_K:

@@ -21,7 +21,7 @@ import numpy as np
 from numba import cuda
 
 from ...ops import GluOp, Op, UnaryOp
-from .common import jit_kernel, F32_ONE, F32_ZERO, SIM, cdiv
+from .common import device, jit_kernel, F32_ONE, F32_ZERO, SIM, cdiv
 
 BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV = 0, 1, 2, 3
 BINARY_CODE = {Op.ADD: BIN_ADD, Op.SUB: BIN_SUB, Op.MUL: BIN_MUL, Op.DIV: BIN_DIV}
@@ -48,17 +48,17 @@ def grid_for(n):
     return max(1, min(cdiv(n, BLOCK), MAX_GRID))
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def _gelu(x):
     return F32_HALF * x * (F32_ONE + math.tanh(SQRT_2_OVER_PI * x * (F32_ONE + GELU_COEF_A * x * x)))
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def _silu(x):
     return x / (F32_ONE + math.exp(-x))
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def unary_f(op, x):
     if op == U_SILU:
         return _silu(x)
@@ -83,7 +83,7 @@ def unary_f(op, x):
     return np.float32(math.exp(x))   # U_EXP
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def _coords(i, ne0, ne1, ne2):
     return i % ne0, (i // ne0) % ne1, (i // (ne0 * ne1)) % ne2, i // (ne0 * ne1 * ne2)
 

@@ -52,7 +52,7 @@ import numpy as np
 from numba import cuda
 
 from . import common
-from .common import F32_ZERO, Q8_1_MMQ_INTS, SIM, cdiv, dp4a, half2_float2, jit_kernel, load_int4, store_int4
+from .common import F32_ZERO, Q8_1_MMQ_INTS, SIM, cdiv, device, dp4a, half2_float2, jit_kernel, load_int4, store_int4
 from .quantize import mmq_kblocks
 
 MMQ_ITER_K = 256
@@ -154,7 +154,7 @@ def _pieces(I, J, nthreads):
     return I * 8 // nthreads, cdiv(J * 16, nthreads)
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def _store_ints(a, i, v0, v1, v2, v3):
     """``store_int4`` for rows whose stride is not a multiple of 4 ints (the dp4a kernel's 33)."""
     a[i] = v0
@@ -181,7 +181,7 @@ def _load_tiles(I, J, XS, YS, nthreads):
     NXQ, NYQ = _pieces(I, J, nthreads)
     store_x = store_int4 if XS % 4 == 0 else _store_ints
 
-    @cuda.jit(device=True, inline=True)
+    @device
     def tile_offsets(tid, x0, y0, row0, col0, nrows_x, stride_row_x, ncols_y, xo, yo):
         """Fill ``xo``/``yo`` with the int offsets of this thread's pieces at ``kb = 0``; returns the
         offsets of its x header and y header."""
@@ -197,7 +197,7 @@ def _load_tiles(I, J, XS, YS, nthreads):
         yh = (y0 + tid % 2 * ncols_y + min(col0 + tid // 2, ncols_y - 1)) * Q8_1_MMQ_INTS
         return xh, yh
 
-    @cuda.jit(device=True, inline=True)
+    @device
     def load_tiles(vx, vy, xs, xd, xm, ys, yd, ysum, tid, xo, yo, xh, yh, kb, ncols_y):
         xk = kb * 36                               # ints per Q4_K block
         yk = 2 * kb * ncols_y * Q8_1_MMQ_INTS      # two q8_1_mmq blocks per column and super-block

@@ -42,7 +42,7 @@ import numpy as np
 from numba import cuda
 
 from ...types import Type
-from .common import (jit_kernel, F32_ZERO, MATRIX_ROW_PADDING, QK8_1, cdiv, dp4a, half2_float2, load_int2, load_int4,
+from .common import (device, jit_kernel, F32_ZERO, MATRIX_ROW_PADDING, QK8_1, cdiv, dp4a, half2_float2, load_int2, load_int4,
                      round_up, warp_reduce_sum)
 
 MMVQ_MAX_BATCH_SIZE = 8
@@ -54,7 +54,7 @@ I0 = np.int32(0)
 
 
 # -- Q4_K (block_q4_K: 36 ints = dm | scales[12] | qs[128]) -----------------------------------------
-@cuda.jit(device=True, inline=True)
+@device
 def _scales_q4_K(s1, s2, s3, c):
     """The 6-bit scales and mins of sub-blocks 2c, 2c+1 (spec §2), as the two bytes of ``sc`` and
     ``m``, from scale ints 1..3 (bytes 0..11). Chunks 0, 1 keep theirs in the low 6 bits of bytes
@@ -70,7 +70,7 @@ def _scales_q4_K(s1, s2, s3, c):
     return np.int32(sc), np.int32(m)
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def _dot8(q, shift, u):
     """Σ dp4a of the nibbles ``(q[i] >> shift) & 0xF`` with u[i] over 8 ints, and Σ of u's bytes."""
     d = I0
@@ -81,7 +81,7 @@ def _dot8(q, shift, u):
     return d, s
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def vec_dot_q4_K_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
     """One lane's share of one Q4_K super-block: chunk ``c = iqs/8`` (64 values, 32 bytes of qs).
 
@@ -121,20 +121,20 @@ def vec_dot_q4_K_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
 
 
 # -- Q6_K (block_q6_K: ql[128] | qh[64] | scales[16] int8 | d, 210 bytes = 105 half-words) ------------
-@cuda.jit(device=True, inline=True)
+@device
 def _int_b2(vx16, b, j):
     """An int32 from half-words j, j+1 of block b (GGML's get_int_b2, for 2-byte aligned blocks)."""
     return np.int32(vx16[b, j]) | (np.int32(vx16[b, j + 1]) << 16)
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def _scale_q6_K(vx16, b, idx):
     """Signed 8-bit scale ``idx`` of super-block ``b`` (the scales start at half-word 96)."""
     s = (np.int32(vx16[b, 96 + idx // 2]) >> (8 * (idx % 2))) & 0xFF
     return s - 256 if s > 127 else s
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def vec_dot_q6_K_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
     """One lane, ints ``w = iqs .. iqs+7`` of ``ql`` (``iqs`` = 0, 8, 16, 24): 32 low and 32 high nibbles.
 
@@ -169,7 +169,7 @@ def vec_dot_q6_K_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
 
 
 # -- Q8_0 (block_q8_0: d | qs[32] int8, 34 bytes = 17 half-words) ------------------------------------
-@cuda.jit(device=True, inline=True)
+@device
 def vec_dot_q8_0_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
     """Ints ``iqs`` and ``iqs+1`` of the 8 quant ints of one Q8_0 block against its q8_1 twin."""
     b = np.uint32(kbx)

@@ -20,20 +20,20 @@ import numpy as np
 from numba import cuda
 
 from ...ops import ROPE_TYPE_NEOX
-from .common import jit_kernel, F32_ONE, F32_ZERO
+from .common import device, jit_kernel, F32_ONE, F32_ZERO
 from .elementwise import BLOCK, grid_for
 
 F32_001 = np.float32(0.001)
 F32_01 = np.float32(0.1)
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def _yarn_ramp(low, high, i0):
     y = (np.float32(i0 // 2) - low) / max(F32_001, high - low)
     return F32_ONE - min(F32_ONE, max(F32_ZERO, y))
 
 
-@cuda.jit(device=True, inline=True)
+@device
 def _yarn_mscale(freq_scale):
     return F32_ONE + F32_01 * np.float32(math.log(F32_ONE / freq_scale))
 
