@@ -346,9 +346,9 @@ def get_kernel(J, mma):
     return k
 
 
-def launch_mmq(stream, vx, vx_h, vy, vy_h, dst, src0, dst_t):
-    """``dst_t = mul_mat(src0, src1)`` for Q4_K src0, src1 already in ``vy`` (DS4). The kernels
-    read the ``half2`` headers as int32 (``half2_float2``), so ``vx_h``/``vy_h`` go unused."""
+def launch_mmq(stream, vx, vy, dst, src0, dst_t):
+    """``dst_t = mul_mat(src0, src1)`` for Q4_K src0 (``vx``, as int32), src1 already in ``vy``
+    (DS4). The kernels read the ``half2`` block headers as int32s too (``half2_float2``)."""
     ne00, ne01, ne02, ne03 = src0.ne
     ncols, ne2, ne3 = dst_t.ne[1], dst_t.ne[2], dst_t.ne[3]
     bs = src0.nb[0]

@@ -77,7 +77,7 @@ def mul_mat(be, node):
         n = mmq_q8_1_bytes(b.ne[0], ncols, b.ne[2] * b.ne[3])
         vy, vy_h = be.scratch("q8", n, np.int32), be.scratch("q8", n, np.float16)
         launch_quantize_mmq_q8_1(s, y, vy, vy_h, b.ne, sb)
-        launch_mmq(s, be.view(a, np.int32), be.view(a, np.float16), vy, vy_h, dst, a, node)
+        launch_mmq(s, be.view(a, np.int32), vy, dst, a, node)
     elif is_quantized(a.type):
         n = 4 * a.nelements()
         x = be.scratch("dequant", n, np.float32)
