@@ -340,6 +340,12 @@ def round_up(a, b):
 
 
 @device
+def coords(i, ne0, ne1, ne2):
+    """The 4-D coordinates (i0, i1, i2, i3) of flat element ``i`` of a contiguous tensor of shape ne."""
+    return i % ne0, (i // ne0) % ne1, (i // (ne0 * ne1)) % ne2, i // (ne0 * ne1 * ne2)
+
+
+@device
 def block_reduce_sum(v, part):
     """Sum over the whole (1-D) block: warp butterflies, then one more across the warps' results
     in ``part`` (shared, 32 floats). Every thread of the block must call it; all get the total."""

@@ -21,7 +21,7 @@ import numpy as np
 from numba import cuda
 
 from ...ops import GluOp, Op, UnaryOp
-from .common import device, jit_kernel, F32_ONE, F32_ZERO, SIM, cdiv
+from .common import coords, device, jit_kernel, F32_ONE, F32_ZERO, SIM, cdiv
 
 BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV = 0, 1, 2, 3
 BINARY_CODE = {Op.ADD: BIN_ADD, Op.SUB: BIN_SUB, Op.MUL: BIN_MUL, Op.DIV: BIN_DIV}
@@ -83,17 +83,12 @@ def unary_f(op, x):
     return np.float32(math.exp(x))   # U_EXP
 
 
-@device
-def _coords(i, ne0, ne1, ne2):
-    return i % ne0, (i // ne0) % ne1, (i // (ne0 * ne1)) % ne2, i // (ne0 * ne1 * ne2)
-
-
 @jit_kernel()
 def binary(op, a, b, dst, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, nb0, nb1, nb2, nb3, sb0, sb1, sb2, sb3,
            sd0, sd1, sd2, sd3):
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while i < n:
-        i0, i1, i2, i3 = _coords(i, ne0, ne1, ne2)
+        i0, i1, i2, i3 = coords(i, ne0, ne1, ne2)
         x = a[i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3]
         y = b[(i0 % nb0) * sb0 + (i1 % nb1) * sb1 + (i2 % nb2) * sb2 + (i3 % nb3) * sb3]
         if op == BIN_ADD:
@@ -112,7 +107,7 @@ def binary(op, a, b, dst, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, nb0, nb1, nb2, n
 def unary(op, a, dst, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, sd0, sd1, sd2, sd3):
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while i < n:
-        i0, i1, i2, i3 = _coords(i, ne0, ne1, ne2)
+        i0, i1, i2, i3 = coords(i, ne0, ne1, ne2)
         dst[i0 * sd0 + i1 * sd1 + i2 * sd2 + i3 * sd3] = unary_f(op, a[i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3])
         i += cuda.gridDim.x * cuda.blockDim.x
 
@@ -121,7 +116,7 @@ def unary(op, a, dst, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, sd0, sd1, sd2, sd3):
 def scale(a, dst, s, b, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, sd0, sd1, sd2, sd3):
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while i < n:
-        i0, i1, i2, i3 = _coords(i, ne0, ne1, ne2)
+        i0, i1, i2, i3 = coords(i, ne0, ne1, ne2)
         dst[i0 * sd0 + i1 * sd1 + i2 * sd2 + i3 * sd3] = a[i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3] * s + b
         i += cuda.gridDim.x * cuda.blockDim.x
 
@@ -131,7 +126,7 @@ def glu(op, a, g, dst, n, ne0, ne1, ne2, sa1, sa2, sa3, sg1, sg2, sg3, sd1, sd2,
     """``a``/``g`` are the flat views already offset to the value and gate halves (rows contiguous)."""
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while i < n:
-        i0, i1, i2, i3 = _coords(i, ne0, ne1, ne2)
+        i0, i1, i2, i3 = coords(i, ne0, ne1, ne2)
         x = a[i0 + i1 * sa1 + i2 * sa2 + i3 * sa3]
         gate = g[i0 + i1 * sg1 + i2 * sg2 + i3 * sg3]
         if op == G_SWIGLU:
@@ -149,7 +144,7 @@ def copy(a, dst, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, me0, me1, me2, sd0, sd1, 
     """Element ``i`` of ``a`` (shape ne) to element ``i`` of ``dst`` (shape me)."""
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while i < n:
-        i0, i1, i2, i3 = _coords(i, ne0, ne1, ne2)
-        j0, j1, j2, j3 = _coords(i, me0, me1, me2)
+        i0, i1, i2, i3 = coords(i, ne0, ne1, ne2)
+        j0, j1, j2, j3 = coords(i, me0, me1, me2)
         dst[j0 * sd0 + j1 * sd1 + j2 * sd2 + j3 * sd3] = a[i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3]
         i += cuda.gridDim.x * cuda.blockDim.x

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 from numba import cuda
 
-from .common import jit_kernel
+from .common import coords, jit_kernel
 from .dequant import dequantize
 
 
@@ -19,10 +19,7 @@ from .dequant import dequantize
 def get_rows_f(a, idx, dst, n, ne0, ne10, ne11, s01, s02, s03, si0, si1, si2, sd1, sd2, sd3):
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while i < n:
-        i0 = i % ne0
-        i10 = (i // ne0) % ne10
-        i11 = (i // (ne0 * ne10)) % ne11
-        i12 = i // (ne0 * ne10 * ne11)
+        i0, i10, i11, i12 = coords(i, ne0, ne10, ne11)
         r = idx[i10 * si0 + i11 * si1 + i12 * si2]
         dst[i0 + i10 * sd1 + i11 * sd2 + i12 * sd3] = numba.float32(a[i0 + r * s01 + i11 * s02 + i12 * s03])
         i += cuda.gridDim.x * cuda.blockDim.x
@@ -33,10 +30,7 @@ def get_rows_q(ty, qk, bs, u8, h, idx, dst, n, ne0, ne10, ne11, nb01, nb02, nb03
                sd1, sd2, sd3):
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while i < n:
-        i0 = i % ne0
-        i10 = (i // ne0) % ne10
-        i11 = (i // (ne0 * ne10)) % ne11
-        i12 = i // (ne0 * ne10 * ne11)
+        i0, i10, i11, i12 = coords(i, ne0, ne10, ne11)
         r = idx[i10 * si0 + i11 * si1 + i12 * si2]
         B = r * nb01 + i11 * nb02 + i12 * nb03 + (i0 // qk) * bs
         dst[i0 + i10 * sd1 + i11 * sd2 + i12 * sd3] = dequantize(ty, u8, h, B, i0 % qk)
@@ -47,10 +41,7 @@ def get_rows_q(ty, qk, bs, u8, h, idx, dst, n, ne0, ne10, ne11, nb01, nb02, nb03
 def set_rows(b, idx, dst, n, ne0, ne1, ne2, s1, s2, s3, ni1, ni2, si0, si1, si2, sd1, sd2, sd3):
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while i < n:
-        i0 = i % ne0
-        i1 = (i // ne0) % ne1
-        i2 = (i // (ne0 * ne1)) % ne2
-        i3 = i // (ne0 * ne1 * ne2)
+        i0, i1, i2, i3 = coords(i, ne0, ne1, ne2)
         r = idx[i1 * si0 + (i2 % ni1) * si1 + (i3 % ni2) * si2]
         dst[i0 + r * sd1 + i2 * sd2 + i3 * sd3] = b[i0 + i1 * s1 + i2 * s2 + i3 * s3]
         i += cuda.gridDim.x * cuda.blockDim.x
