@@ -132,24 +132,15 @@ def test_mul_mat(type_, shape, ocl, cpu):
         assert table.nmse(got, cpu_got) < MUL_MAT_NMSE
 
 
-@pytest.mark.parametrize("type_", [F32, F16, Q8_0])
-@pytest.mark.parametrize("n", [3, 61])
-def test_mul_mat_rows_not_a_multiple_of_256(type_, n, ocl):
-    """The tiled kernel steps 256 weights at a time: its last step is shorter here."""
+@pytest.mark.parametrize("type_,m,k,n", [(t, 5, 800, n) for t in (F32, F16, Q8_0) for n in (3, 61)]
+                         + [(t, 7, 37, n) for t in (F32, F16) for n in (1, 12)])
+def test_mul_mat_rows_not_a_multiple_of_the_tile(type_, m, k, n, ocl):
+    """Rows of 800: the tiled kernel steps 256 weights at a time, so its last step is shorter.
+    Rows of 37: F32/F16 rows that are not a multiple of 16 long take the naive kernel."""
     rng = np.random.default_rng(table.SEED)
-    a_bytes, a_vals = _weights(rng, type_, (5, 800))
-    b = rng.uniform(-1, 1, (n, 800)).astype(np.float32)
-    got = _run_mul_mat(ocl, type_, 5, n, 800, (1, 1), (1, 1), False, a_bytes, b, host=False)
-    assert table.nmse(got[0, 0], b.astype(np.float64) @ a_vals.T) < 1e-10
-
-
-@pytest.mark.parametrize("type_", [F32, F16])
-@pytest.mark.parametrize("n", [1, 12])
-def test_mul_mat_rows_not_a_multiple_of_16(type_, n, ocl):
-    rng = np.random.default_rng(table.SEED)
-    a_bytes, a_vals = _weights(rng, type_, (7, 37))
-    b = rng.uniform(-1, 1, (n, 37)).astype(np.float32)
-    got = _run_mul_mat(ocl, type_, 7, n, 37, (1, 1), (1, 1), False, a_bytes, b, host=False)
+    a_bytes, a_vals = _weights(rng, type_, (m, k))
+    b = rng.uniform(-1, 1, (n, k)).astype(np.float32)
+    got = _run_mul_mat(ocl, type_, m, n, k, (1, 1), (1, 1), False, a_bytes, b, host=False)
     assert table.nmse(got[0, 0], b.astype(np.float64) @ a_vals.T) < 1e-10
 
 
