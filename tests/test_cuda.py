@@ -195,6 +195,18 @@ for k in kernels:
         assert len(keys) > 20 and keys == runs[1].stdout.splitlines()
         assert len(set(keys)) == len(keys), "two kernel variants share a cache key"
 
+    def test_cuda_cache_key_of_an_unknown_layout_is_an_error():
+        """A numba-cuda whose cache key has no (bytecode, closure) hash pair fails loudly: silently
+        keeping its key would bring back the misses on every run."""
+        script = (_KEY_SCRIPT.split("kernels = ")[0]
+                  + "from numba.cuda.dispatcher import CUDACache\n"
+                  + "CUDACache._index_key = lambda self, sig, codegen: (sig, codegen.magic_tuple(), 'no hashes')\n"
+                  + "mmvq.get_kernel(next(iter(mmvq.VEC_DOT)), 1)._cache._index_key(sig, Codegen())\n")
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode != 0
+        assert "RuntimeError: numba-cuda's cache key has no (bytecode, closure) hash pair" in r.stderr
+
     @pytest.mark.parametrize("user_value", [None, "1"])
     def test_low_occupancy_warnings_are_off_unless_the_user_asks(user_value):
         """Small grids are GGML's design; numba-cuda's per-launch warning about them is turned off
