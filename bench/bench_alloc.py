@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import lazyggml as lg  # noqa: E402
 from lazyggml.alloc import Gallocr, alloc_ctx_tensors_from_buft  # noqa: E402
 from run_info import cpu_model  # noqa: E402
-from lazyggml.backend import BufferType, BufferUsage  # noqa: E402
+from lazyggml.buffer import BufferType, BufferUsage  # noqa: E402
 
 # small dims: the plan's cost depends on the number of tensors, not on their sizes
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_VOCAB = 256, 8, 4, 688, 512

@@ -181,7 +181,7 @@ def build_stack(ctx, n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx, n
 
 
 def bench_decode(be, rng, quick):
-    from lazyggml.kernels.cuda.graphs import capture
+    from lazyggml.backends.cuda.graphs import capture
     cfg = dict(n_layer=8, n_embd=2048, n_head=32, n_head_kv=8, n_ff=5632, n_vocab=32000, n_ctx=256, n_kv=129)
     ctx = lg.Context()
     T, weights, logits = build_stack(ctx, **cfg)
@@ -214,7 +214,7 @@ def bench_decode(be, rng, quick):
     be.synchronize()
     t_eager = (time.perf_counter() - t0) * 1e6 / reps
 
-    from lazyggml.kernels.cuda import FORWARD
+    from lazyggml.backends.cuda.table import FORWARD
     nodes = [n for n in g.nodes if n.op not in lg.ops.EMPTY_OPS and n.nelements() > 0]
     t_sum = 0.0
     for n in nodes:
@@ -236,7 +236,7 @@ def main():
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     be = cuda_backend()
-    from lazyggml.kernels.cuda.common import DP4A_IMPL
+    from lazyggml.backends.cuda.common import DP4A_IMPL
     name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                           text=True).stdout.strip() or be.device.description
     print(f"# lazyggml CUDA benchmark, {datetime.date.today()}, {name}, dp4a: {DP4A_IMPL}\n")
@@ -244,7 +244,7 @@ def main():
     if not (args.skip_check or args.only_mul_mat):
         ok = check(be, rng)
 
-    from lazyggml.kernels.cuda.mmq import use_mma
+    from lazyggml.backends.cuda.mmq import use_mma
     with be.device.context():
         mmq_kind = "int8 MMA" if use_mma() else "dp4a"
     print(f"## MUL_MAT Q4_K x F32, m={M}, k={K} (dp4a: {DP4A_IMPL}, mmq: {mmq_kind})\n")

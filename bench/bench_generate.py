@@ -59,7 +59,8 @@ sys.path.insert(0, ROOT)
 
 import lazyggml as lg  # noqa: E402
 from run_info import cpu_model, git_commit, sched_policy  # noqa: E402
-from lazyggml.gguf_io import LlamaHParams, read_gguf  # noqa: E402
+from lazyggml.gguf_io import read_gguf  # noqa: E402
+from lazyggml.models.hparams import LlamaHParams  # noqa: E402
 
 N_CTX = 512
 N_WARMUP_DECODE = 8
@@ -292,14 +293,14 @@ def profile_decode(path, args, n_steps):
     pr.disable()
     prof = (time.perf_counter() - t0) / n_steps
     st = pstats.Stats(pr)
-    # time inside Numba kernels: the entries that are Numba dispatchers of lazyggml.kernels.cpu, or
-    # their compiled entry points, which a CPU plan calls directly once bound (backends/cpu.py)
+    # time inside Numba kernels: the entries that are Numba dispatchers of lazyggml.backends.cpu, or
+    # their compiled entry points, which a CPU plan calls directly once bound (backends/cpu/backend.py)
     kernel_s = 0.0
     for (file, _, func), (_, _, tt, _, _) in st.stats.items():
-        if file == "~" and func.startswith("<built-in method lazyggml.kernels.cpu."):
+        if file == "~" and func.startswith("<built-in method lazyggml.backends.cpu."):
             kernel_s += tt
-        elif os.sep + os.path.join("lazyggml", "kernels", "cpu") + os.sep in file:
-            mod = importlib.import_module("lazyggml.kernels.cpu." + os.path.basename(file)[:-3])
+        elif os.sep + os.path.join("lazyggml", "backends", "cpu") + os.sep in file:
+            mod = importlib.import_module("lazyggml.backends.cpu." + os.path.basename(file)[:-3])
             if isinstance(getattr(mod, func, None), Dispatcher):
                 kernel_s += tt
     summary = (f"{n_steps} decode steps (n_kv {m._graphs[m.sched_decode][0][1]}, {len(m._graphs[m.sched_decode][1].nodes)} graph nodes): "

@@ -6,7 +6,7 @@
 
 Shapes are test-backend-ops' perf shapes: weights m=4096 rows of k=14336, activations n columns
 (MUL_MAT type x F32). GGML runs through ggml-python (a one-node graph, ``ggml_graph_plan`` once and
-``ggml_graph_compute`` per run), lazyggml through ``kernels.cpu.matmul.mul_mat``; both include the
+``ggml_graph_compute`` per run), lazyggml through ``backends.cpu.matmul.mul_mat``; both include the
 conversion of the float activations to the weight's vec_dot_type. The two are timed in alternating
 blocks (ours, GGML, ours, ...) so that background load hits both alike; each figure is the median
 over all timed runs after a warm-up. Weights are random blocks with sane fp16 scales: the integer
@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numba  # noqa: E402
 
-from lazyggml.kernels.cpu import matmul as M  # noqa: E402
-from lazyggml.kernels.cpu import simd  # noqa: E402
+from lazyggml.backends.cpu import matmul as M  # noqa: E402
+from lazyggml.backends.cpu import simd  # noqa: E402
 from lazyggml.types import Type, row_size, type_size  # noqa: E402
 
 import ggml  # noqa: E402  (ggml-python)

@@ -4,7 +4,7 @@
 
 Runs the same product on the OpenCL device (PoCL's CPU device here) and on lazyggml's CPU
 backend in one process, and on GGML itself through ggml-python when it is installed (the
-in-process figure that spec ARCHITECTURE.md compares against). Each time is the median of
+in-process figure that bench/results/mul_mat_cpu.md compares against). Each time is the median of
 ``--rounds`` synchronous ``graph_compute`` calls after one warm-up call (which pays the kernel
 compilations); GFLOPS = 2*m*n*k / time. ``OpenCL/CPU`` is OpenCL's throughput over the CPU
 backend's (the target on PoCL: >= 0.5). ``--write`` stores the table in bench/results/opencl.md.

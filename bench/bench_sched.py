@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import lazyggml as lg  # noqa: E402
 from lazyggml.alloc import alloc_ctx_tensors_from_buft  # noqa: E402
-from lazyggml.backend import Backend, BufferType, BufferUsage, Device, DeviceType  # noqa: E402
+from lazyggml.backend import Backend, Device, DeviceType  # noqa: E402
+from lazyggml.buffer import BufferType, BufferUsage
 from lazyggml.sched import Scheduler  # noqa: E402
 
 from bench_alloc import N_EMBD, N_FF, N_HEAD_KV, N_VOCAB, HEAD_DIM, build_graph, machine  # noqa: E402

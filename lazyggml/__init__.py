@@ -11,24 +11,25 @@ snake_case without the ``ggml_`` prefix, the same argument order and semantics.
 """
 from . import cache  # first: points Numba's kernel cache at lazyggml's directory before Numba loads
 from .types import Type, QK_K, blck_size, type_size, row_size, is_quantized, type_name
-from .tensor import (Tensor, Context, MAX_DIMS, MAX_SRC, FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM,
-                     FLAG_LOSS, FLAG_COMPUTE, set_input, set_output, set_param, set_loss, set_name,
-                     get_name)
+from .tensor import (Tensor, Context, MAX_DIMS, MAX_SRC, FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, FLAG_LOSS,
+                     FLAG_COMPUTE, set_input, set_output, set_param, set_loss, set_name, get_name)
 from .ops import *  # noqa: F401,F403 - every op constructor, named as GGML's
 from .ops import Op, UnaryOp, GluOp, ROPE_TYPE_NORMAL, ROPE_TYPE_NEOX, op_desc, is_view_op, op_can_inplace
 from .graph import Graph, build_forward_expand, build_forward_select, graph_view
-from .backend import (BufferType, Buffer, MultiBuffer, Device, Backend, Registry, BufferUsage, DeviceType,
-                      Status, tensor_set, tensor_get, tensor_get_bytes, tensor_memset, tensor_copy,
-                      tensor_copy_async, tensor_set_async, tensor_alloc, view_init, backend_graph_compute,
-                      buft_alloc_buffer, event_new, event_synchronize, register_backend, reg_count,
-                      reg_get, reg_by_name, dev_count, dev_get, dev_by_name, dev_by_type,
-                      backend_init_by_name, backend_init_by_type, backend_init_best)
+from .buffer import (BufferType, Buffer, MultiBuffer, BufferUsage, Status, tensor_alloc, view_init,
+                     buft_alloc_buffer)
+from .backend import (Device, Backend, Registry, DeviceType, tensor_set, tensor_get, tensor_get_bytes,
+                      tensor_memset, tensor_copy, tensor_copy_async, tensor_set_async, backend_graph_compute,
+                      event_new, event_synchronize)
+from .registry import (register_backend, reg_count, reg_get, reg_by_name, dev_count, dev_get, dev_by_name,
+                       dev_by_type, backend_init_by_name, backend_init_by_type, backend_init_best)
 from .backends.cpu import set_n_threads, backend_cpu_init
 from .quants import quantize, dequantize
 from .alloc import (Gallocr, Tallocr, DynTallocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft,
                     alloc_ctx_tensors_from_buft_size)
 from .sched import Scheduler
-from .gguf_io import GGUFError, GGUFFile, TensorInfo, read_gguf, LlamaHParams, check_llama_tensors
+from .gguf_io import GGUFError, GGUFFile, TensorInfo, read_gguf
+from .models.hparams import LlamaHParams, check_llama_tensors
 from .tokenizer import Tokenizer
 from .sampling import Sampler
 from . import testing

@@ -1,4 +1,4 @@
-"""Memory planning for graphs: GGML's ggml-alloc.c (spec graph-alloc-sched.md §4).
+"""Memory planning for graphs: GGML's ggml-alloc.c (docs/graph-alloc-sched.md §4).
 
 Three allocators live here.
 
@@ -34,8 +34,8 @@ from __future__ import annotations
 import logging
 from operator import itemgetter
 
-from .backend import (SIZE_MAX, Buffer, BufferType, BufferUsage, MultiBuffer, Status, buft_alloc_buffer,
-                      tensor_alloc, view_init)
+from .buffer import (SIZE_MAX, Buffer, BufferType, BufferUsage, MultiBuffer, Status, buft_alloc_buffer,
+                     tensor_alloc, view_init)
 from . import debug
 from .ops import INPLACE_OPS, Op
 from .tensor import FLAG_INPUT, FLAG_OUTPUT
@@ -64,7 +64,7 @@ class TallocrChunk:
 
 
 class DynTallocr:
-    """GGML's ``ggml_dyn_tallocr``: plans offsets in up to 16 chunks (spec §4.1)."""
+    """GGML's ``ggml_dyn_tallocr``: plans offsets in up to 16 chunks (docs/graph-alloc-sched.md §4.1)."""
 
     def __init__(self, alignment, max_size=SIZE_MAX):
         self.alignment = alignment
@@ -364,7 +364,7 @@ class Gallocr:
         return hn
 
     def _allocate_node(self, t, buffer_id):
-        """Give ``t`` memory (spec §4.3), unless it has some already or is a view."""
+        """Give ``t`` memory (docs/graph-alloc-sched.md §4.3), unless it has some already or is a view."""
         hn = self._record(t)
         if hn.allocated or t.offset is not None or t.buffer is not None or t.view_src is not None:
             return
@@ -417,7 +417,7 @@ class Gallocr:
         hn.allocated = False
 
     def _alloc_graph_impl(self, graph, node_buffer_ids, leaf_buffer_ids):
-        """The three phases of spec §4.5: leafs, counting, execution."""
+        """The three phases of docs/graph-alloc-sched.md §4.5: leafs, counting, execution."""
         self._hash = {}
         record, allocate = self._record, self._allocate_node
 
@@ -506,7 +506,7 @@ class Gallocr:
         return ok
 
     def _realloc_buffers(self, no_alloc):
-        """Grow the physical buffers to the plan; they never shrink (spec §4.6)."""
+        """Grow the physical buffers to the plan; they never shrink (docs/graph-alloc-sched.md §4.6)."""
         for i, talloc in enumerate(self.buf_tallocs):
             for j in range(i):
                 if self.buf_tallocs[j] is talloc:  # same buffer type: same buffer
@@ -558,7 +558,7 @@ class Gallocr:
     # -- replay ----------------------------------------------------------------------------------
     def _replay_check(self, graph):
         """_SAME_SHAPE when ``graph`` has the reserved graph's shape, _FITS when it passes GGML's
-        check slot by slot, _REALLOC otherwise (spec §4.7)."""
+        check slot by slot, _REALLOC otherwise (docs/graph-alloc-sched.md §4.7)."""
         nodes = graph.nodes
         if len(nodes) != self.n_nodes or len(graph.leafs) != self.n_leafs:
             return _REALLOC

@@ -1,9 +1,7 @@
-"""GGML's five-level backend interface (ggml-backend-impl.h), the wrappers around it, the registry.
+"""Devices and backends: levels 3 to 5 of GGML's backend interface (ggml-backend-impl.h), and the
+wrappers around it (ggml-backend.cpp). Levels 1 and 2, buffer types and buffers, are in
+``buffer.py``; finding the devices of this machine is ``registry.py``'s job.
 
-The five levels, each a class to subclass when adding a device:
-
-* ``BufferType``: how to get memory (alignment, max size, host or not);
-* ``Buffer``: one allocation; tensors live in it at byte offsets;
 * ``Device``: what a device can do (``supports_op``, ``supports_buft``, ``offload_op``);
 * ``Backend``: a stream on a device that computes graphs, maybe asynchronously;
 * ``Registry``: a family of devices (CPU, OpenCL, CUDA).
@@ -11,30 +9,20 @@ The five levels, each a class to subclass when adding a device:
 Optional methods are class attributes set to ``None``; the module-level wrappers (``tensor_copy``,
 ``tensor_set_async``...) supply GGML's defaults when they are missing, exactly as ggml-backend.cpp
 does when an interface pointer is NULL.
-
-The base ``Buffer`` holds host memory (a NumPy ``uint8`` array), so a test device only has to say
-what differs. A buffer type that is not ``is_host()`` is treated as device memory: only its own
-methods touch it.
 """
 from __future__ import annotations
 
 import enum
 import itertools
-import os
 
 import numpy as np
 
-from .ops import EMPTY_OPS
-from .tensor import placement_changed
 from .types import blck_size, is_quantized, np_dtype, type_name
 
-SIZE_MAX = 2**64 - 1
+__all__ = ["DeviceType", "Device", "Backend", "Registry", "backend_graph_compute", "tensor_set",
+           "tensor_get", "tensor_get_bytes", "tensor_memset", "tensor_set_async", "tensor_copy",
+           "tensor_copy_async", "host_layout", "host_view", "event_new", "event_synchronize"]
 
-
-class BufferUsage(enum.IntEnum):
-    ANY = 0
-    WEIGHTS = 1
-    COMPUTE = 2
 
 
 class DeviceType(enum.IntEnum):
@@ -42,148 +30,6 @@ class DeviceType(enum.IntEnum):
     GPU = 1
     IGPU = 2
     ACCEL = 3
-
-
-class Status(enum.IntEnum):
-    ALLOC_FAILED = -2
-    FAILED = -1
-    SUCCESS = 0
-    ABORTED = 1
-
-
-# -- level 1: buffer type ------------------------------------------------------------------------
-class BufferType:
-    """Where memory comes from. Override ``alloc_buffer`` for real device memory."""
-
-    def __init__(self, name, device=None, alignment=32, max_size=SIZE_MAX, host=False):
-        if alignment <= 0 or alignment & (alignment - 1):
-            raise ValueError(f"BufferType {name}: alignment must be a power of two, got {alignment}")
-        self.name = name
-        self.device = device
-        self._alignment = alignment
-        self._max_size = max_size
-        self._host = host
-
-    def get_name(self):
-        return self.name
-
-    def get_alignment(self):
-        return self._alignment
-
-    def get_max_size(self):
-        return self._max_size
-
-    def get_alloc_size(self, t):
-        return t.nbytes()
-
-    def is_host(self):
-        return self._host
-
-    def alloc_buffer(self, size):
-        return Buffer(self, size)
-
-    def __repr__(self):
-        return f"<BufferType {self.name}>"
-
-
-def buft_alloc_buffer(buft, size):
-    """GGML's wrapper: a zero-size request gets a dummy buffer without asking the buffer type."""
-    if size == 0:
-        return Buffer(buft, 0)
-    return buft.alloc_buffer(size)
-
-
-# -- level 2: buffer -------------------------------------------------------------------------------
-class Buffer:
-    """One allocation of ``size`` bytes. The base class keeps host memory in ``self.data``."""
-
-    _ids = itertools.count()
-
-    def __init__(self, buft, size):
-        self.buft = buft
-        self.size = int(size)
-        self._usage = BufferUsage.ANY
-        self.data = np.zeros(self.size, dtype=np.uint8)
-        self.id = next(Buffer._ids)
-
-    # usage is a property so that a multi-buffer can pass it on to its parts
-    @property
-    def usage(self):
-        return self._usage
-
-    @usage.setter
-    def usage(self, u):
-        self._usage = BufferUsage(u)
-
-    def is_host(self):
-        return self.buft.is_host()
-
-    def get_base(self):
-        return None if self.size == 0 else 0
-
-    def init_tensor(self, t):
-        return Status.SUCCESS
-
-    def set_tensor(self, t, data, offset, size):
-        """Write ``size`` bytes of ``data`` (a ``uint8`` array) at ``offset`` inside ``t``."""
-        start = t.offset + offset
-        self.data[start:start + size] = data[:size]
-
-    def get_tensor(self, t, offset, size):
-        start = t.offset + offset
-        return self.data[start:start + size].copy()
-
-    def memset_tensor(self, t, value, offset, size):
-        start = t.offset + offset
-        self.data[start:start + size] = value
-
-    def cpy_tensor(self, src, dst):
-        """Copy ``src`` (anywhere) into ``dst`` (in this buffer); False when this buffer can't."""
-        sbuf = src.data_buffer()
-        if sbuf is not None and sbuf.is_host() and self.is_host():
-            n = src.nbytes()
-            self.data[dst.offset:dst.offset + n] = sbuf.data[src.offset:src.offset + n]
-            return True
-        return False
-
-    def clear(self, value=0):
-        self.data[:] = value
-
-    reset = None  # optional: called before the allocator re-places tensors
-
-    def free(self):
-        self.data = np.zeros(0, dtype=np.uint8)
-        self.size = 0
-        placement_changed()
-
-    def __repr__(self):
-        return f"<Buffer {self.buft.name} {self.size} B {self.usage.name}>"
-
-
-class MultiBuffer(Buffer):
-    """Several buffers that act as one for ``usage`` (GGML's multi-buffer)."""
-
-    def __init__(self, buft, buffers):
-        self.buft = buft
-        self.buffers = list(buffers)
-        self.size = sum(b.size for b in self.buffers)
-        self._usage = BufferUsage.ANY
-        self.data = None
-        self.id = next(Buffer._ids)
-
-    @Buffer.usage.setter
-    def usage(self, u):
-        self._usage = BufferUsage(u)
-        for b in self.buffers:
-            b.usage = u
-
-    def clear(self, value=0):
-        for b in self.buffers:
-            b.clear(value)
-
-    def free(self):
-        for b in self.buffers:
-            b.free()
 
 
 # -- level 3 and 4: device and backend --------------------------------------------------------------
@@ -415,32 +261,6 @@ def event_synchronize(event):
     event.device.event_synchronize(event)
 
 
-def view_init(t):
-    """Give a view its root's buffer and address (GGML's ``ggml_backend_view_init``)."""
-    root = t.view_src
-    if root is None or root.buffer is None or root.offset is None:
-        raise ValueError(f"view_init: the root of '{t.name}' is not allocated")
-    t.buffer = root.buffer
-    t.offset = root.offset + t.view_offs
-    return root.buffer.init_tensor(t)
-
-
-def tensor_alloc(buffer, t, offset):
-    """Place ``t`` at ``offset`` inside ``buffer`` (GGML's ``ggml_backend_tensor_alloc``)."""
-    if t.buffer is not None or t.offset is not None:
-        raise ValueError(f"tensor_alloc: '{t.name}' is already allocated")
-    size = buffer.buft.get_alloc_size(t)
-    if offset + size > buffer.size:
-        raise ValueError(f"tensor_alloc: '{t.name}' ({size} B at {offset}) does not fit buffer of {buffer.size} B")
-    t.buffer = buffer
-    t.offset = offset
-    return buffer.init_tensor(t)
-
-
-def is_empty_op(t):
-    return t.op in EMPTY_OPS
-
-
 # -- level 5: registry -------------------------------------------------------------------------------
 class Registry:
     """A family of devices."""
@@ -462,85 +282,3 @@ class Registry:
 
     def get_proc_address(self, name):
         return None
-
-
-_registries = None
-
-
-def _builtin_registries():
-    """CUDA, OpenCL, then CPU last; each only when its library and a device exist."""
-    regs = []
-    if os.environ.get("LAZYGGML_DISABLE_CUDA", "0") in ("", "0"):
-        from .backends import cuda
-        regs.append(cuda.registry())
-    if os.environ.get("LAZYGGML_DISABLE_OPENCL", "0") in ("", "0"):
-        from .backends import opencl
-        regs.append(opencl.registry())
-    from .backends import cpu
-    regs.append(cpu.registry())
-    return [r for r in regs if r is not None]
-
-
-def _regs():
-    global _registries
-    if _registries is None:
-        _registries = _builtin_registries()
-    return _registries
-
-
-def register_backend(reg):
-    _regs().append(reg)
-
-
-def reg_count():
-    return len(_regs())
-
-
-def reg_get(i):
-    return _regs()[i]
-
-
-def reg_by_name(name):
-    return next((r for r in _regs() if r.name.lower() == name.lower()), None)
-
-
-def _devices():
-    return [d for r in _regs() for d in r.devices]
-
-
-def dev_count():
-    return len(_devices())
-
-
-def dev_get(i):
-    return _devices()[i]
-
-
-def dev_by_name(name):
-    return next((d for d in _devices() if d.name.lower() == name.lower()), None)
-
-
-def dev_by_type(type_):
-    return next((d for d in _devices() if d.type == type_), None)
-
-
-def backend_init_by_name(name):
-    d = dev_by_name(name)
-    if d is None:
-        raise ValueError(f"no device named {name!r}; devices: {[x.name for x in _devices()]}")
-    return d.init_backend()
-
-
-def backend_init_by_type(type_):
-    d = dev_by_type(type_)
-    return None if d is None else d.init_backend()
-
-
-def backend_init_best():
-    """A GPU if there is one, else an integrated GPU, else the CPU."""
-    for ty in (DeviceType.GPU, DeviceType.IGPU, DeviceType.CPU):
-        d = dev_by_type(ty)
-        if d is not None:
-            return d.init_backend()
-    return None
-

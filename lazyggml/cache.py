@@ -21,16 +21,18 @@ function compiled in this process afterwards, the user's own too: they then shar
 and each entry still records its own source file.
 
 Inside the directory Numba makes one folder per source folder, named after it and a hash of its
-full path (e.g. ``<cache>/cpu_43619b2d...`` for ``lazyggml/kernels/cpu``), holding an index file
+full path (e.g. ``<cache>/cpu_43619b2d...`` for ``lazyggml/backends/cpu``), holding an index file
 per kernel (``.nbi``) and one data file per compiled signature (``.nbc``). An index entry is
 valid while the kernel's source file keeps its modification time and size, on a CPU of the same
-model and features; a clone in another folder, or an edited file, compiles afresh. The OpenCL backend keeps its program binaries and PoCL's kernel cache in folders of
-its own (``backends/opencl.py``'s ``cache_dir``).
+model and features; a clone in another folder, or an edited file, compiles afresh.
+``tie_cache`` adds what Numba's key misses. The OpenCL backend keeps its program binaries and
+PoCL's kernel cache in folders of its own (``backends/opencl/backend.py``'s ``cache_dir``).
 
 ``lazyggml warmup`` fills the cache ahead of time (``warmup.py``).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -80,3 +82,26 @@ def _point_numba_here() -> None:
 
 
 _point_numba_here()
+
+
+def tie_cache(namespace: dict, salt: str, *paths: str) -> None:
+    """Make the on-disk cache of every cached ``@njit`` function in ``namespace`` depend on the
+    source files ``paths`` and on ``salt`` (the CPU kernels pass their instruction-set choice,
+    ``simd.ISA``).
+
+    Numba keys a cached function on ITS OWN source file only: a kernel in matmul.py that inlines
+    code from vec_dot.py would otherwise keep running stale machine code after vec_dot.py changes,
+    and a cache written with ``LAZYGGML_SIMD=portable`` would be reused without it. We fold a hash
+    of the dependencies into each function's cache stamp (numba's ``IndexDataCacheFile``), so any
+    change invalidates the entry. If a future Numba renames these internals, this does nothing.
+    """
+    h = hashlib.sha256(salt.encode())
+    for p in paths:
+        with open(p, "rb") as f:
+            h.update(f.read())
+    digest = h.hexdigest()
+    objs = list(namespace.values())
+    for obj in objs + [getattr(o, "serial", None) for o in objs]:   # parallel_kernel's serial twins
+        cache_file = getattr(getattr(obj, "_cache", None), "_cache_file", None)
+        if cache_file is not None and hasattr(cache_file, "_source_stamp"):
+            cache_file._source_stamp = (cache_file._source_stamp, digest)

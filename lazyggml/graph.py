@@ -1,4 +1,4 @@
-"""Compute graphs: GGML's post-order DFS, use counts and the COMPUTE flag (spec §2).
+"""Compute graphs: GGML's post-order DFS, use counts and the COMPUTE flag (docs/graph-alloc-sched.md §2).
 
 ``build_forward_expand(g, t)`` walks ``t``'s sources depth first, in source-slot order, and
 appends each tensor after its sources: leafs (op NONE, not PARAM) to ``g.leafs``, everything
@@ -7,9 +7,12 @@ a tensor was seen before.
 """
 from __future__ import annotations
 
-from .ops import Op, op_desc
-from .tensor import FLAG_COMPUTE, FLAG_PARAM, MAX_SRC
-from .types import type_name
+from .dot import graph_to_dot
+from .ops import op_desc
+from .tensor import FLAG_COMPUTE, FLAG_PARAM, MAX_SRC, Context
+from .types import Op, type_name
+
+__all__ = ["Graph", "new_graph", "build_forward_expand", "build_forward_select", "graph_view"]
 
 
 class Graph:
@@ -24,7 +27,6 @@ class Graph:
         self._use = {}       # tensor -> consumer slots (GGML's use_counts, keyed by identity)
         self._visited = self._use  # a tensor is visited exactly when it has a use count
         self.right_to_left = False
-        self.uid = 0
 
     @property
     def n_nodes(self):
@@ -60,7 +62,7 @@ class Graph:
         g = Graph.__new__(Graph)
         g.size, g.nodes, g.leafs = i1 - i0, self.nodes[i0:i1], []
         g._use = g._visited = self._use
-        g.right_to_left, g.uid = self.right_to_left, self.uid
+        g.right_to_left = self.right_to_left
         return g
 
     def add_node(self, t):
@@ -135,7 +137,6 @@ class Graph:
     def to_dot(self, path=None, sched=None):
         """Graphviz text of the graph; with a scheduler, nodes are coloured by backend and its
         splits drawn as boxes. Writes ``path`` when given and returns the text."""
-        from .dot import graph_to_dot
         text = graph_to_dot(self, sched)
         if path is not None:
             with open(path, "w") as f:
@@ -143,12 +144,23 @@ class Graph:
         return text
 
 
+def new_graph(ctx, size=2048, grads=False):
+    """GGML's ``ggml_new_graph``. A graph takes no memory from the context here, so ``ctx`` only
+    keeps GGML's spelling (``ctx.new_graph(size)`` works too); gradients are not supported."""
+    if grads:
+        raise ValueError("new_graph: graphs with gradients are not supported")
+    return Graph(size)
+
+
+Context.new_graph = new_graph   # the method lives here: tensor.py sits below graphs
+
+
 def build_forward_expand(g, t):
     g.build_forward_expand(t)
 
 
 def build_forward_select(g, tensors, idx):
-    """Expand every tensor but mark COMPUTE only along ``tensors[idx]`` (spec §2.3)."""
+    """Expand every tensor but mark COMPUTE only along ``tensors[idx]`` (docs/graph-alloc-sched.md §2.3)."""
     for i, t in enumerate(tensors):
         g._visit(t, i == idx)
     return tensors[idx]

@@ -1,4 +1,5 @@
-"""Every op, declared once: its enum value, its shape rule and its ``op_params`` (GGML's ggml.c).
+"""Every op, declared once: its constructor, its shape rule and its ``op_params`` (GGML's ggml.c).
+The ``Op`` enum itself is in ``types.py``, below the tensor that records it.
 
 Constructors build lazy tensors: they check shapes and types where GGML asserts, raising
 ``ValueError`` with the op and the shapes, and record ``op``, ``src`` and ``op_params``. They
@@ -10,113 +11,42 @@ two thin wrappers, ``op`` (a fresh result) and ``op_inplace`` (a view of the fir
 """
 from __future__ import annotations
 
-import enum
-
 from .tensor import Tensor, current_context, MAX_DIMS
-from .types import Type, type_name, type_size
+from .types import GluOp, Op, Type, UnaryOp, type_name, type_size
 
-
-class Op(enum.IntEnum):
-    NONE = 0
-    DUP = enum.auto()
-    ADD = enum.auto()
-    ADD_ID = enum.auto()
-    ADD1 = enum.auto()
-    ACC = enum.auto()
-    SUB = enum.auto()
-    MUL = enum.auto()
-    DIV = enum.auto()
-    SQR = enum.auto()
-    SQRT = enum.auto()
-    LOG = enum.auto()
-    SIN = enum.auto()
-    COS = enum.auto()
-    SUM = enum.auto()
-    SUM_ROWS = enum.auto()
-    MEAN = enum.auto()
-    ARGMAX = enum.auto()
-    REPEAT = enum.auto()
-    CONCAT = enum.auto()
-    SILU_BACK = enum.auto()
-    NORM = enum.auto()
-    RMS_NORM = enum.auto()
-    RMS_NORM_BACK = enum.auto()
-    MUL_MAT = enum.auto()
-    MUL_MAT_ID = enum.auto()
-    SCALE = enum.auto()
-    SET = enum.auto()
-    CPY = enum.auto()
-    CONT = enum.auto()
-    RESHAPE = enum.auto()
-    VIEW = enum.auto()
-    PERMUTE = enum.auto()
-    TRANSPOSE = enum.auto()
-    GET_ROWS = enum.auto()
-    SET_ROWS = enum.auto()
-    DIAG_MASK_INF = enum.auto()
-    DIAG_MASK_ZERO = enum.auto()
-    SOFT_MAX = enum.auto()
-    SOFT_MAX_BACK = enum.auto()
-    ROPE = enum.auto()
-    ROPE_BACK = enum.auto()
-    CLAMP = enum.auto()
-    PAD = enum.auto()
-    FLASH_ATTN_EXT = enum.auto()
-    UNARY = enum.auto()
-    GLU = enum.auto()
-    FILL = enum.auto()
-
-
-class UnaryOp(enum.IntEnum):
-    ABS = 0
-    SGN = enum.auto()
-    NEG = enum.auto()
-    STEP = enum.auto()
-    TANH = enum.auto()
-    ELU = enum.auto()
-    RELU = enum.auto()
-    SIGMOID = enum.auto()
-    GELU = enum.auto()
-    GELU_QUICK = enum.auto()
-    SILU = enum.auto()
-    HARDSWISH = enum.auto()
-    HARDSIGMOID = enum.auto()
-    EXP = enum.auto()
-    GELU_ERF = enum.auto()
-
-
-class GluOp(enum.IntEnum):
-    REGLU = 0
-    GEGLU = enum.auto()
-    SWIGLU = enum.auto()
+__all__ = ["Op", "UnaryOp", "GluOp", "ROPE_TYPE_NORMAL", "ROPE_TYPE_NEOX", "VIEW_OPS", "EMPTY_OPS",
+           "INPLACE_OPS", "RESERVED_OPS", "is_view_op", "op_can_inplace", "op_desc", "can_repeat", "dup",
+           "dup_inplace", "cpy", "cont", "cont_4d", "cont_1d", "cont_2d", "cont_3d", "add", "add_inplace",
+           "sub", "sub_inplace", "mul", "mul_inplace", "div", "div_inplace", "add1", "add1_inplace",
+           "repeat", "concat", "sqr", "sqr_inplace", "sqrt", "sqrt_inplace", "log", "log_inplace", "sin",
+           "cos", "unary", "abs", "abs_inplace", "sgn", "neg", "neg_inplace", "step", "tanh", "tanh_inplace",
+           "elu", "relu", "relu_inplace", "sigmoid", "sigmoid_inplace", "gelu", "gelu_inplace", "gelu_erf",
+           "gelu_quick", "silu", "silu_inplace", "hardswish", "hardsigmoid", "exp", "exp_inplace", "scale",
+           "scale_inplace", "scale_bias", "clamp", "sum", "sum_rows", "mean", "argmax", "norm",
+           "norm_inplace", "rms_norm", "rms_norm_inplace", "mul_mat", "get_rows", "set_rows",
+           "diag_mask_inf", "diag_mask_inf_inplace", "soft_max", "soft_max_inplace", "soft_max_ext",
+           "soft_max_ext_inplace", "rope_ext", "rope_ext_inplace", "rope", "rope_inplace", "swiglu",
+           "swiglu_swapped", "swiglu_split", "geglu", "geglu_split", "reglu", "reglu_split", "pad_ext",
+           "pad", "reshape", "reshape_1d", "reshape_2d", "reshape_3d", "reshape_4d", "view_1d", "view_2d",
+           "view_3d", "view_4d", "permute", "transpose"]
 
 
 # rope modes (GGML_ROPE_TYPE_*)
 ROPE_TYPE_NORMAL = 0
 ROPE_TYPE_NEOX = 2
 
-OP_SYMBOL = {
-    Op.NONE: "none", Op.DUP: "x", Op.ADD: "x+y", Op.ADD1: "x+y", Op.SUB: "x-y", Op.MUL: "x*y",
-    Op.DIV: "x/y", Op.SQR: "x^2", Op.SQRT: "√x", Op.LOG: "log(x)", Op.SIN: "sin(x)",
-    Op.COS: "cos(x)", Op.SUM: "Σx", Op.SUM_ROWS: "Σx_k", Op.MEAN: "Σx/n", Op.ARGMAX: "argmax(x)",
-    Op.REPEAT: "repeat(x)", Op.CONCAT: "concat(x, y)", Op.NORM: "norm(x)",
-    Op.RMS_NORM: "rms_norm(x)", Op.MUL_MAT: "X*Y", Op.SCALE: "x*v", Op.CPY: "x-\\>y",
-    Op.CONT: "cont(x)", Op.RESHAPE: "reshape(x)", Op.VIEW: "view(x)", Op.PERMUTE: "permute(x)",
-    Op.TRANSPOSE: "transpose(x)", Op.GET_ROWS: "get_rows(x)", Op.SET_ROWS: "set_rows(x)",
-    Op.DIAG_MASK_INF: "diag_mask_inf(x)", Op.SOFT_MAX: "soft_max(x)", Op.ROPE: "rope(x)",
-    Op.CLAMP: "clamp(x)", Op.PAD: "pad(x)", Op.UNARY: "unary(x)", Op.GLU: "glu(x)",
-}
-
 # The scheduler's view ops (ggml_is_view_op) and the CPU backend's no-op list (ggml_op_is_empty).
 VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})
 EMPTY_OPS = VIEW_OPS | {Op.NONE}
 
-# Ops whose result may take over the memory of a source (ggml_op_can_inplace), spec §3.
+# Ops whose result may take over the memory of a source (ggml_op_can_inplace), docs/graph-alloc-sched.md §3.
 INPLACE_OPS = frozenset({
-    Op.FILL, Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD_ID, Op.ADD1, Op.SUB,
-    Op.MUL, Op.DIV, Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.ROPE_BACK, Op.SILU_BACK,
-    Op.RMS_NORM, Op.RMS_NORM_BACK, Op.SOFT_MAX, Op.SOFT_MAX_BACK,
+    Op.SCALE, Op.DIAG_MASK_INF, Op.ADD, Op.ADD1, Op.SUB, Op.MUL, Op.DIV, Op.SQR, Op.SQRT, Op.LOG,
+    Op.UNARY, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX,
 })
+
+# In the enum for the issues that build them; no constructor or kernel yet, so no graph has them.
+RESERVED_OPS = frozenset({Op.MUL_MAT_ID, Op.FLASH_ATTN_EXT})
 
 
 def is_view_op(op):
@@ -172,10 +102,6 @@ def _set(t, op, srcs, params=()):
 def can_repeat(t0, t1):
     """``t0`` can be tiled to ``t1``'s shape (GGML's ``ggml_can_repeat``)."""
     return t0.nelements() == 0 or all(t0.ne[i] and t1.ne[i] % t0.ne[i] == 0 for i in range(MAX_DIMS))
-
-
-def are_same_shape(a, b):
-    return a.ne == b.ne
 
 
 def _is_padded_1d(t):
@@ -822,3 +748,25 @@ def transpose(a, *, ctx=None):
     r = _ctx(ctx, a).view_tensor(a, ne, nb, what="transpose")
     r.name = f"{a.name} (transposed)"
     return _set(r, Op.TRANSPOSE, [a], (1, 0, 2, 3))
+
+
+# -- operator sugar on Tensor: thin wrappers over the constructors above (tensor.py sits below ops) --
+def _tensor_mul(a, o):
+    return scale(a, float(o)) if isinstance(o, (int, float)) else mul(a, o)
+
+
+def _tensor_truediv(a, o):
+    return scale(a, 1.0 / float(o)) if isinstance(o, (int, float)) else div(a, o)
+
+
+def _tensor_matmul(a, o):
+    """``w @ x`` is ``mul_mat(w, x)``: GGML's (rows of w) · (columns of x)."""
+    return mul_mat(a, o)
+
+
+Tensor.__add__ = lambda a, o: add(a, o)
+Tensor.__sub__ = lambda a, o: sub(a, o)
+Tensor.__mul__ = _tensor_mul
+Tensor.__truediv__ = _tensor_truediv
+Tensor.__neg__ = lambda a: neg(a)
+Tensor.__matmul__ = _tensor_matmul

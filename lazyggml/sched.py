@@ -4,7 +4,7 @@ Given backends in priority order (index 0 first, the CPU last), the scheduler de
 node runs, cuts the node list into *splits* (runs of consecutive nodes on one backend), adds the
 copies that move tensors between backends, allocates every compute buffer with one ``Gallocr``
 (buffer id = backend index) and runs the splits in order. ``split_graph`` decides everything in
-five passes over the graph (spec graph-alloc-sched.md §6.4):
+five passes over the graph (docs/graph-alloc-sched.md §6.4):
 
 1. **Pre-allocated and weight-based assignment.** Leafs, then nodes, that already live in a buffer
    go to the first backend that can use that buffer and run their op ("1.dst", "1.vsrc"); a user
@@ -54,7 +54,8 @@ import logging
 
 from . import debug
 from .alloc import Gallocr
-from .backend import BufferUsage, DeviceType, Status, event_new, event_synchronize, tensor_copy
+from .buffer import BufferUsage, Status
+from .backend import DeviceType, event_new, event_synchronize, tensor_copy
 from .graph import Graph
 from .ops import Op, is_view_op, op_desc
 from .tensor import FLAG_COMPUTE, FLAG_INPUT, Context, set_input, set_output
@@ -65,7 +66,6 @@ SCHED_MAX_COPIES = 4
 
 log = logging.getLogger("lazyggml")
 
-_graph_uids = itertools.count(1)  # GGML's ggml_graph_next_uid
 
 
 class Split:
@@ -401,7 +401,6 @@ class Scheduler:
         self.graph_inputs = []
         self._is_reset = False
         self._ctx = Context(no_alloc=True)  # the copies live here until the next split
-        g.uid = next(_graph_uids)
 
         # pass 1: pre-allocated tensors, inputs and weight users; user assignments are kept
         for t in itertools.chain(g.leafs, g.nodes):
@@ -579,8 +578,6 @@ class Scheduler:
             gc.leafs.append(leaf)
             leaf_ids.append(ids.get(leaf, -1))
 
-        for split in self._splits:
-            split.graph.uid = next(_graph_uids)
         _overwrite(self._node_ids, node_ids)
         _overwrite(self._leaf_ids, leaf_ids)
         self.graph_copy = gc

@@ -4,7 +4,10 @@ A tensor is metadata only: a type, a shape ``ne`` and byte strides ``nb`` (both 
 ``ne[0]`` innermost), the op that produces it and its sources. Memory comes later, from a backend
 buffer: ``buffer`` and ``offset`` (GGML's ``data - base``). A tensor whose ``offset`` is set "has
 data" in GGML's sense; a view made of an allocated root gets its ``offset`` at once but keeps
-``buffer = None`` until ``view_init`` (spec graph-alloc-sched.md §1.2).
+``buffer = None`` until ``view_init`` (docs/graph-alloc-sched.md §1.2).
+
+This module imports only ``types`` and ``buffer``: the ops (``ops.py``) add the operator sugar
+(``a + b``, ``w @ x``) to ``Tensor`` and ``graph.py`` adds ``Context.new_graph``, from above.
 """
 from __future__ import annotations
 
@@ -13,7 +16,12 @@ from numbers import Integral
 
 import numpy as np
 
-from .types import Type, as_type, blck_size, type_size, type_name, np_dtype
+from .buffer import host_buffer_type, placement_changed
+from .types import Op, Type, as_type, blck_size, type_size, type_name, np_dtype
+
+__all__ = ["MAX_DIMS", "MAX_SRC", "MAX_NAME", "FLAG_INPUT", "FLAG_OUTPUT", "FLAG_PARAM", "FLAG_LOSS",
+           "FLAG_COMPUTE", "Tensor", "Context", "current_context", "contiguous_strides", "set_input",
+           "set_output", "set_param", "set_loss", "set_name", "get_name"]
 
 MAX_DIMS = 4
 MAX_SRC = 10
@@ -24,17 +32,6 @@ FLAG_OUTPUT = 2
 FLAG_PARAM = 4
 FLAG_LOSS = 8
 FLAG_COMPUTE = 16
-
-
-# Bumped whenever a tensor gets, changes or loses memory (its ``buffer`` or ``offset``) and when a
-# buffer is freed: what is derived from tensors' addresses (the CPU backend's kernel plans) stays
-# valid while this number is unchanged, without re-checking every tensor.
-placement_epoch = 0
-
-
-def placement_changed():
-    global placement_epoch
-    placement_epoch += 1
 
 
 def _check_ne(ne, what="tensor"):
@@ -66,7 +63,6 @@ class Tensor:
                  "view_offs", "_name", "_buffer", "_offset", "extra", "host_view_cache", "__weakref__")
 
     def __init__(self, ctx, type_, ne, nb=None, view_src=None, view_offs=0):
-        from .ops import Op  # the op table lives with the ops
         self.ctx = ctx
         self.type = type_
         self.ne = ne
@@ -84,7 +80,7 @@ class Tensor:
         self.extra = None  # per-backend data (GGML's tensor->extra)
         self.host_view_cache = None  # (memory, offset, NumPy view): see backend.host_view
 
-    # -- memory: setting either counts as a move (see placement_epoch) -------------------------
+    # -- memory: setting either counts as a move (see buffer.placement_epoch) ------------------
     @property
     def buffer(self):
         return self._buffer
@@ -111,10 +107,6 @@ class Tensor:
     @name.setter
     def name(self, s):
         self._name = str(s)[: MAX_NAME - 1]
-
-    def format_name(self, fmt, *args):
-        self.name = fmt % args
-        return self
 
     # -- sizes ---------------------------------------------------------------------------------
     def nelements(self) -> int:
@@ -206,32 +198,6 @@ class Tensor:
         shape = "x".join(str(n) for n in self.ne[: self.n_dims()])
         return f"<Tensor {self._name or '?'} {self.op.name} {type_name(self.type)} [{shape}]>"
 
-    # operator sugar; thin wrappers over the op constructors
-    def __add__(self, o):
-        from . import ops
-        return ops.add(self, o)
-
-    def __sub__(self, o):
-        from . import ops
-        return ops.sub(self, o)
-
-    def __mul__(self, o):
-        from . import ops
-        return ops.scale(self, float(o)) if isinstance(o, (int, float)) else ops.mul(self, o)
-
-    def __truediv__(self, o):
-        from . import ops
-        return ops.scale(self, 1.0 / float(o)) if isinstance(o, (int, float)) else ops.div(self, o)
-
-    def __neg__(self):
-        from . import ops
-        return ops.neg(self)
-
-    def __matmul__(self, o):
-        """``w @ x`` is ``mul_mat(w, x)``: GGML's (rows of w) · (columns of x)."""
-        from . import ops
-        return ops.mul_mat(self, o)
-
     @property
     def shape(self):
         """NumPy's order: ``tuple(reversed(ne))`` trimmed to ``n_dims``."""
@@ -281,10 +247,6 @@ class Context:
                 return t
         return None
 
-    def new_graph(self, size=2048, grads=False):
-        from .graph import Graph
-        return Graph(size)
-
     # -- creation ---------------------------------------------------------------------------------
     def _new(self, type_, ne, nb=None, view_src=None, view_offs=0, what="new_tensor"):
         type_ = as_type(type_)
@@ -293,7 +255,7 @@ class Context:
             raise ValueError(f"{what}: ne[0]={ne[0]} is not a multiple of {type_name(type_)}'s "
                              f"block size {blck_size(type_)}")
         if view_src is not None and view_src.view_src is not None:
-            view_offs += view_src.view_offs  # views of views point at the root (spec §1.2)
+            view_offs += view_src.view_offs  # views of views point at the root (docs/graph-alloc-sched.md §1.2)
             view_src = view_src.view_src
         t = Tensor(self, type_, ne, nb, view_src, view_offs)
         if view_src is not None:
@@ -310,8 +272,7 @@ class Context:
         if self.mem_size is not None and self.mem_used + size > self.mem_size:
             raise ValueError(f"Context: not enough space: {self.mem_used + size} bytes needed, "
                              f"mem_size is {self.mem_size}")
-        from .backends.cpu import cpu_buffer_type
-        buf = cpu_buffer_type().alloc_buffer(max(size, 1))
+        buf = host_buffer_type().alloc_buffer(max(size, 1))
         t.buffer, t.offset = buf, 0
         self.mem_used += size
 
@@ -355,8 +316,8 @@ class Context:
 def _set_scalar(t, v):
     if t.offset is None:
         raise ValueError("new_i32/new_f32 need a context with no_alloc=False")
-    from .backend import tensor_set
-    tensor_set(t, np.asarray([v], dtype=np_dtype(t.type)))
+    raw = np.asarray([v], dtype=np_dtype(t.type)).view(np.uint8)
+    t.buffer.set_tensor(t, raw, 0, raw.size)
 
 
 # -- flag setters (GGML's ggml_set_*) --------------------------------------------------------------
@@ -365,14 +326,13 @@ def set_input(t):
 
 
 def set_output(t):
-    """Mark ``t`` and its view root as outputs (spec §1.3)."""
+    """Mark ``t`` and its view root as outputs (docs/graph-alloc-sched.md §1.3)."""
     while t is not None:
         t.flags |= FLAG_OUTPUT
         t = t.view_src
 
 
 def set_param(t):
-    from .ops import Op
     if t.op != Op.NONE:
         raise ValueError(f"set_param: '{t.name}' is the result of {t.op.name}; only leafs can be params")
     t.flags |= FLAG_PARAM

@@ -30,7 +30,8 @@ import gguf
 import numpy as np
 
 from . import quants
-from .backend import BufferType, DeviceType, Status
+from .buffer import BufferType, Status
+from .backend import DeviceType
 from .backends.cpu import CPUBackend, CPUDevice
 from .tokenizer import BYTE_TO_UNICODE, SPIECE_UNDERLINE, TokenType, byte_encode, pre_tokenize
 from .types import QK_K, Type, as_type, blck_size, type_name

@@ -1,4 +1,6 @@
-"""GGML's type table: ids, block sizes, bytes per block (GGML's ``type_traits``).
+"""GGML's enums (ggml.h): the tensor types with their table of ids, block sizes and bytes per block
+(GGML's ``type_traits``), and the op enums a tensor records (``Op``, ``UnaryOp``, ``GluOp``; what
+each op means is declared with its constructor in ``ops.py``).
 
 The ids are GGML's and GGUF's (``enum ggml_type``), so a type read from a GGUF file is
 ``Type(raw_id)``. A quantized type stores ``blck_size`` elements in ``type_size`` bytes; a
@@ -10,6 +12,9 @@ from __future__ import annotations
 import enum
 
 import numpy as np
+
+__all__ = ["QK_K", "Type", "Op", "UnaryOp", "GluOp", "as_type", "blck_size", "type_size", "is_quantized",
+           "row_size", "np_dtype", "type_name"]
 
 QK_K = 256  # elements in a K-quant super-block
 
@@ -37,7 +42,7 @@ class Type(enum.IntEnum):
     BF16 = 30
 
 
-# type -> (elements per block, bytes per block); block layouts in spec/quant-formats.md §1
+# type -> (elements per block, bytes per block); block layouts in docs/quant-formats.md §1
 _TRAITS = {
     Type.F32: (1, 4),
     Type.F16: (1, 2),
@@ -120,3 +125,77 @@ def type_name(t) -> str:
     """GGML's lower-case name, e.g. ``q4_K``, ``f32``."""
     n = as_type(t).name.lower()
     return n[:-2] + "_K" if n.endswith("_k") else n
+
+
+# -- ops --------------------------------------------------------------------------------------------
+class Op(enum.IntEnum):
+    """GGML's ``enum ggml_op``, the ops lazyggml has (values are ours, not GGML's): ``ops.py``
+    declares each one's constructor, shape rule and ``op_params``; ``RESERVED_OPS`` have none yet."""
+
+    NONE = 0
+    DUP = enum.auto()
+    ADD = enum.auto()
+    ADD1 = enum.auto()
+    SUB = enum.auto()
+    MUL = enum.auto()
+    DIV = enum.auto()
+    SQR = enum.auto()
+    SQRT = enum.auto()
+    LOG = enum.auto()
+    SIN = enum.auto()
+    COS = enum.auto()
+    SUM = enum.auto()
+    SUM_ROWS = enum.auto()
+    MEAN = enum.auto()
+    ARGMAX = enum.auto()
+    REPEAT = enum.auto()
+    CONCAT = enum.auto()
+    NORM = enum.auto()
+    RMS_NORM = enum.auto()
+    MUL_MAT = enum.auto()
+    MUL_MAT_ID = enum.auto()       # reserved: mixture-of-experts (issue 20) builds it
+    SCALE = enum.auto()
+    CPY = enum.auto()
+    CONT = enum.auto()
+    RESHAPE = enum.auto()
+    VIEW = enum.auto()
+    PERMUTE = enum.auto()
+    TRANSPOSE = enum.auto()
+    GET_ROWS = enum.auto()
+    SET_ROWS = enum.auto()
+    DIAG_MASK_INF = enum.auto()
+    SOFT_MAX = enum.auto()
+    ROPE = enum.auto()
+    CLAMP = enum.auto()
+    PAD = enum.auto()
+    FLASH_ATTN_EXT = enum.auto()   # reserved: fused attention (issues 17, 19) build it
+    UNARY = enum.auto()
+    GLU = enum.auto()
+
+
+class UnaryOp(enum.IntEnum):
+    """GGML's ``enum ggml_unary_op``: ``op_params[0]`` of an ``Op.UNARY`` node."""
+
+    ABS = 0
+    SGN = enum.auto()
+    NEG = enum.auto()
+    STEP = enum.auto()
+    TANH = enum.auto()
+    ELU = enum.auto()
+    RELU = enum.auto()
+    SIGMOID = enum.auto()
+    GELU = enum.auto()
+    GELU_QUICK = enum.auto()
+    SILU = enum.auto()
+    HARDSWISH = enum.auto()
+    HARDSIGMOID = enum.auto()
+    EXP = enum.auto()
+    GELU_ERF = enum.auto()
+
+
+class GluOp(enum.IntEnum):
+    """GGML's ``enum ggml_glu_op``: ``op_params[0]`` of an ``Op.GLU`` node."""
+
+    REGLU = 0
+    GEGLU = enum.auto()
+    SWIGLU = enum.auto()

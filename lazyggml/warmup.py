@@ -69,7 +69,8 @@ from numba.core.errors import NumbaPerformanceWarning
 
 from . import cache
 from . import ops as O
-from .backend import DeviceType, dev_count, dev_get, tensor_set
+from .backend import DeviceType, tensor_set
+from .registry import dev_count, dev_get
 from .graph import Graph
 from .ops import EMPTY_OPS
 from .tensor import Context
@@ -123,7 +124,7 @@ def _fill(t, rng):
 
 def _run_graph(backend, build):
     from .alloc import alloc_ctx_tensors
-    from .kernels.cpu import copy as cpu_copy
+    from .backends.cpu import common as cpu_common
     ctx = Context()
     with ctx:
         outs = build(ctx)
@@ -146,13 +147,13 @@ def _run_graph(backend, build):
                 tensor_set(t, _fill(t, rng))
         backend.graph_compute(g)
         if backend.device.type == DeviceType.CPU:
-            # small work runs the serial twins of copy.parallel_kernel: compile the parallel kernels
+            # small work runs the serial twins of common.parallel_kernel: compile the parallel kernels
             # too, in a new graph (a new plan) where every launch takes them
-            small, cpu_copy.PARALLEL_MIN_ELEMENTS = cpu_copy.PARALLEL_MIN_ELEMENTS, 0
+            small, cpu_common.PARALLEL_MIN_ELEMENTS = cpu_common.PARALLEL_MIN_ELEMENTS, 0
             try:
                 backend.graph_compute(graph())
             finally:
-                cpu_copy.PARALLEL_MIN_ELEMENTS = small
+                cpu_common.PARALLEL_MIN_ELEMENTS = small
         backend.synchronize()
     finally:
         buf.free()

@@ -90,9 +90,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from lazyggml import quants  # noqa: E402
-from lazyggml.gguf_io import LlamaHParams, check_llama_tensors, read_gguf  # noqa: E402
-from lazyggml.testing import (LLAMA_FTYPE_MOSTLY_Q4_K_M, _byte_values, _pad_unused,  # noqa: E402
-                              _train_bpe, q4_k_m_type)
+from lazyggml.gguf_io import read_gguf  # noqa: E402
+from lazyggml.models.hparams import LlamaHParams, check_llama_tensors  # noqa: E402
+from lazyggml.testing import LLAMA_FTYPE_MOSTLY_Q4_K_M, _byte_values, _pad_unused, _train_bpe, q4_k_m_type
 from lazyggml.tokenizer import SPIECE_UNDERLINE, Tokenizer, TokenType  # noqa: E402
 from lazyggml.types import Type  # noqa: E402
 

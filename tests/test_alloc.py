@@ -1,8 +1,8 @@
-"""The graph allocator (spec graph-alloc-sched.md §4): the dynamic range allocator rule by rule,
-the spec's scenarios T06 and T07 exactly, one scenario per rule of §4 (expected offsets worked out
+"""The graph allocator (docs/graph-alloc-sched.md §4): the dynamic range allocator rule by rule,
+the scenarios T06 and T07 exactly, one scenario per rule of §4 (expected offsets worked out
 by hand from the rules), whole-context allocation, and property tests over random graphs.
 
-Conventions (spec §8): F32 tensors, a host buffer type "CPUB" with alignment 32 and no maximum
+Conventions (docs/graph-alloc-sched.md §8): F32 tensors, a host buffer type "CPUB" with alignment 32 and no maximum
 size unless stated. ``at(t)`` is (chunk index, offset) of a tensor in its gallocr buffer.
 """
 import logging
@@ -16,7 +16,8 @@ import lazyggml as lg
 from lazyggml import alloc as A
 from lazyggml.alloc import (DynTallocr, Gallocr, Tallocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft,
                             alloc_ctx_tensors_from_buft_size)
-from lazyggml.backend import SIZE_MAX, Backend, Buffer, BufferType, BufferUsage, Device, MultiBuffer
+from lazyggml.buffer import SIZE_MAX, Buffer, BufferType, BufferUsage, MultiBuffer
+from lazyggml.backend import Backend, Device
 from lazyggml.ops import INPLACE_OPS
 
 UNLIMITED = SIZE_MAX // 2
@@ -84,7 +85,7 @@ def places(ga, g):
 IN = lg.FLAG_INPUT
 
 
-# -- the dynamic range allocator (spec §4.1) ---------------------------------------------------------
+# -- the dynamic range allocator (docs/graph-alloc-sched.md §4.1) ---------------------------------------------------------
 def test_dyn_alignment_rounding():
     d = DynTallocr(32)
     assert d.alloc(1) == (0, 0)
@@ -206,7 +207,7 @@ def test_dyn_free_block_limit():
         d.free(0, 64 * 255, 32)
 
 
-# -- the spec's scenarios ---------------------------------------------------------------------------
+# -- the documented scenarios (docs/graph-alloc-sched.md §9) -------------------------------------------
 def test_T06_fully_inplace_chain():
     ctx = lg.Context()
     x = vec(ctx, 256, "x", IN)
@@ -234,7 +235,7 @@ def test_T07_non_inplace_chain_with_freed_input_hole():
     assert all(t.buffer is ga.buffers[0][0] for t in (x, a, b, c))
 
 
-# -- in place: when a result takes over its source (spec §4.3) -----------------------------------------
+# -- in place: when a result takes over its source (docs/graph-alloc-sched.md §4.3) -----------------------------------------
 def test_inplace_refused_for_output_parent():
     ctx = lg.Context()
     x = vec(ctx, 256, "x", IN)
@@ -331,7 +332,7 @@ def test_inplace_result_larger_than_parent_is_an_error():
         Gallocr(PaddedScale("PAD", alignment=32, host=True)).alloc_graph(graph(lg.scale(x, 2.0)))
 
 
-# -- views (spec §4.5) ---------------------------------------------------------------------------------
+# -- views (docs/graph-alloc-sched.md §4.5) ---------------------------------------------------------------------------------
 def test_views_never_reused_and_keep_their_root_alive():
     ctx = lg.Context()
     x = vec(ctx, 256, "x", IN)
@@ -486,7 +487,7 @@ def test_zero_size_tensors_get_a_dummy_buffer():
     assert offsets(ga, x, a) == [0, 0] and ga.get_buffer_size() == 0
 
 
-# -- buffers: chunks, growth, several buffer ids (spec §4.2, §4.6, §4.7) -------------------------------
+# -- buffers: chunks, growth, several buffer ids (docs/graph-alloc-sched.md §4.2, §4.6, §4.7) -------------------------------
 def test_tail_reuse_across_chunks_with_max_size():
     ctx = lg.Context()
     x = vec(ctx, 256, "x", IN)
@@ -720,7 +721,7 @@ def test_memory_report_and_debug_log(monkeypatch, caplog):
     assert not caplog.records
 
 
-# -- whole contexts (spec §4.8) -----------------------------------------------------------------------------
+# -- whole contexts (docs/graph-alloc-sched.md §4.8) -----------------------------------------------------------------------------
 def test_tallocr_is_linear_and_padded():
     buf = cpub().alloc_buffer(2048)
     ctx = lg.Context()

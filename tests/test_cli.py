@@ -1,4 +1,4 @@
-"""The command line: the lines scripts read (spec api.md) and clear errors."""
+"""The command line: the lines scripts read (the output README documents) and clear errors."""
 import re
 
 import pytest

@@ -38,7 +38,7 @@ def nmse(got, ref):
     return float(np.sum((got - ref) ** 2) / np.sum(ref ** 2))
 
 
-# -- NumPy models of the CUDA activation quantizers (spec §4.5) -------------------------------------
+# -- NumPy models of the CUDA activation quantizers (docs/quant-formats.md §4.5) -------------------------------------
 def roundf(x):
     """C's roundf: halves away from zero."""
     return np.copysign(np.floor(np.abs(x) + 0.5), x)
@@ -140,7 +140,7 @@ def q8_1_reference(Wd, X, model, mins=None):
 
 
 def q4_K_mins(wb, k):
-    """``dmin·m_j`` of every 32-value group of Q4_K rows (spec §2's get_scale_min_k4)."""
+    """``dmin·m_j`` of every 32-value group of Q4_K rows (docs/quant-formats.md §2, get_scale_min_k4)."""
     blocks = np.ascontiguousarray(wb).reshape(wb.shape[0], k // 256, 144)
     dmin = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
     q = blocks[:, :, 4:16].astype(np.int64)
@@ -168,7 +168,7 @@ if not CHILD:
     _KEY_SCRIPT = """
 import lazyggml
 from numba.core import types
-from lazyggml.kernels.cuda import mmq, mmvq
+from lazyggml.backends.cuda import mmq, mmvq
 
 class Codegen:                      # the GPU's part of the key, fixed here: no GPU needed
     def magic_tuple(self):
@@ -215,7 +215,7 @@ for k in kernels:
         env.pop("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", None)
         if user_value is not None:
             env["NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS"] = user_value
-        script = ("import lazyggml.kernels.cuda.common\n"
+        script = ("import lazyggml.backends.cuda.common\n"
                   "from numba.cuda.core import config\n"
                   "print(config.CUDA_LOW_OCCUPANCY_WARNINGS)")
         r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -414,7 +414,7 @@ if CHILD:
         """Under the simulator, a device function that never touches ``cuda`` (itself or through
         what it calls) is called directly, skipping the simulator's per-call locks; one that does
         keeps the simulator's call, which gives it the running kernel's ``cuda``."""
-        from lazyggml.kernels.cuda import common, mmvq
+        from lazyggml.backends.cuda import common, mmvq
         plain = [common.dp4a, common.load_int4, common.half2_float2, mmvq.vec_dot_q4_K_q8_1]
         simulated = [common.warp_reduce_sum, common.block_reduce_sum]
         for f in plain + simulated:
@@ -427,7 +427,7 @@ if CHILD:
     def test_sim_quantize_q8_1(be, rng):
         """Bit-exact quants and scales (a row of 40 values: padded to 512, 2 blocks of 256 threads)."""
         from numba import cuda
-        from lazyggml.kernels.cuda.quantize import launch_quantize_q8_1, q8_1_bytes
+        from lazyggml.backends.cuda.quantize import launch_quantize_q8_1, q8_1_bytes
         x = rng.uniform(-1, 1, (1, 40)).astype(np.float32)
         x[0, 32:] = 0                                    # an all-zero group: d = 0, q = 0
         n = q8_1_bytes(40, 1)
@@ -444,7 +444,7 @@ if CHILD:
     def test_sim_quantize_mmq_q8_1(be, rng):
         """DS4 blocks, transposed: block (slice kb, column c) at kb·ncols + c."""
         from numba import cuda
-        from lazyggml.kernels.cuda.quantize import launch_quantize_mmq_q8_1, mmq_kblocks, mmq_q8_1_bytes
+        from lazyggml.backends.cuda.quantize import launch_quantize_mmq_q8_1, mmq_kblocks, mmq_q8_1_bytes
         k, ncols = 256, 2
         x = rng.uniform(-1, 1, (ncols, k)).astype(np.float32)
         n = mmq_q8_1_bytes(k, ncols, 1)

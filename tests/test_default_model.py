@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import lazyggml
-from lazyggml.gguf_io import LlamaHParams, check_llama_tensors, read_gguf
+from lazyggml.gguf_io import read_gguf
+from lazyggml.models.hparams import LlamaHParams, check_llama_tensors
 from lazyggml.testing import q4_k_m_type
 from lazyggml.tokenizer import Tokenizer
 from lazyggml.types import Type
@@ -168,7 +169,8 @@ def _perplexity(model, windows):
 
 
 def _gpu_class_device():
-    from lazyggml.backend import DeviceType, dev_count, dev_get
+    from lazyggml.backend import DeviceType
+    from lazyggml.registry import dev_count, dev_get
     return any(dev_get(i).type in (DeviceType.GPU, DeviceType.IGPU) for i in range(dev_count()))
 
 

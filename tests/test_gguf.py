@@ -11,8 +11,8 @@ import pytest
 from gguf import GGUFValueType as VT
 
 from lazyggml import quants
-from lazyggml.gguf_io import (GGUFError, LlamaHParams, TensorInfo, check_llama_tensors,
-                              llama_tensor_shapes, read_gguf)
+from lazyggml.gguf_io import GGUFError, TensorInfo, read_gguf
+from lazyggml.models.hparams import LlamaHParams, check_llama_tensors, llama_tensor_shapes
 from lazyggml.testing import make_tiny_llama, q4_k_m_type
 from lazyggml.tokenizer import Tokenizer
 from lazyggml.types import Type

@@ -1,4 +1,4 @@
-"""Graph building (spec graph-alloc-sched.md §2): GGML's post-order DFS, leafs and nodes, automatic
+"""Graph building (docs/graph-alloc-sched.md §2): GGML's post-order DFS, leafs and nodes, automatic
 names, use counts, the COMPUTE flag and ``build_forward_select``."""
 from __future__ import annotations
 

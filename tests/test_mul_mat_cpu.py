@@ -1,4 +1,4 @@
-"""The CPU quantized matmul (kernels/cpu/matmul.py, vec_dot.py, simd.py, traits.py).
+"""The CPU quantized matmul (backends/cpu/matmul.py, vec_dot.py, simd.py, traits.py).
 
 Three oracles:
 * float64 NumPy of the dequantized weights: NMSE <= 5e-4 (test-backend-ops' MUL_MAT threshold) on
@@ -20,11 +20,11 @@ import textwrap
 import numpy as np
 import pytest
 
-from lazyggml.kernels.cpu import matmul as M
-from lazyggml.kernels.cpu import quant as Q
-from lazyggml.kernels.cpu import simd
-from lazyggml.kernels.cpu import vec_dot as V
-from lazyggml.kernels.cpu.traits import TYPE_TRAITS_CPU, get_type_traits_cpu
+from lazyggml.backends.cpu import matmul as M
+from lazyggml.backends.cpu import quant as Q
+from lazyggml.backends.cpu import simd
+from lazyggml.backends.cpu import vec_dot as V
+from lazyggml.backends.cpu.traits import TYPE_TRAITS_CPU, get_type_traits_cpu
 from lazyggml.types import Type, row_size, type_size, blck_size
 
 ggml = pytest.importorskip("ggml")
@@ -287,8 +287,8 @@ def test_traits_table():
 _CHILD = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from lazyggml.kernels.cpu import simd, vec_dot as V, matmul as M
-    from lazyggml.kernels.cpu.traits import get_type_traits_cpu
+    from lazyggml.backends.cpu import simd, vec_dot as V, matmul as M
+    from lazyggml.backends.cpu.traits import get_type_traits_cpu
     from lazyggml.types import Type
     assert simd.ISA == "portable" and not simd.HAVE_AVX2 and not simd.HAVE_F16C, simd.ISA
     d = np.load(sys.argv[1])

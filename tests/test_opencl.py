@@ -1,4 +1,4 @@
-"""The OpenCL backend (lazyggml/backends/opencl.py) on whatever OpenCL device there is: PoCL's CPU
+"""The OpenCL backend (lazyggml/backends/opencl/backend.py) on whatever OpenCL device there is: PoCL's CPU
 device in CI (the test extra installs ``pyopencl[pocl]``). Skipped only when there is none.
 
 * every case of test_backend_ops.CASES that OpenCL claims, against its float64 NumPy oracle;
@@ -19,7 +19,7 @@ import pytest
 import lazyggml as lg
 from lazyggml.alloc import alloc_ctx_tensors
 from lazyggml.backend import tensor_get, tensor_get_bytes, tensor_set
-from lazyggml.backends import opencl
+from lazyggml.backends.opencl import backend as opencl
 from lazyggml.backends.cpu import backend_cpu_init
 from lazyggml.quants import dequantize, quantize
 from lazyggml.sched import Scheduler

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from lazyggml.kernels.cpu import quant as k
+from lazyggml.backends.cpu import quant as k
 from lazyggml.quants import dequantize, quantize
 from lazyggml.types import Type, blck_size, row_size
 

@@ -1,7 +1,7 @@
-"""The scheduler (spec graph-alloc-sched.md §6), against mock backends (spec §8) and, for the
+"""The scheduler (docs/graph-alloc-sched.md §6), against mock backends (docs/graph-alloc-sched.md §8) and, for the
 numbers, against the real CPU backend plus a second CPU-backed device with its own non-host memory.
 
-Mock conventions (spec §8): GPU, GPU0, GPU1 own a non-host buft each and accept only it; CPU owns a
+Mock conventions (docs/graph-alloc-sched.md §8): GPU, GPU0, GPU1 own a non-host buft each and accept only it; CPU owns a
 host buft and accepts any host buft; ACCEL uses the very same buft object as CPU. Buffers are real
 host memory; ``synchronize`` logs ``sync`` and ``graph_compute`` logs ``compute[names...]``.
 """
@@ -16,7 +16,8 @@ import pytest
 
 import lazyggml as lg
 from lazyggml.alloc import alloc_ctx_tensors_from_buft
-from lazyggml.backend import Backend, BufferType, BufferUsage, Device, DeviceType, Status
+from lazyggml.backend import Backend, Device, DeviceType
+from lazyggml.buffer import BufferType, BufferUsage, Status
 from lazyggml.backends.cpu import cpu_device
 from lazyggml.ops import Op
 from lazyggml.sched import Scheduler, fmt_size
@@ -111,7 +112,7 @@ def named(t, name):
 
 def weights(specs):
     """``specs``: (name, ne, backend) triples. Each backend's tensors live in one WEIGHTS buffer of
-    its default buft (spec §8's "weights @B")."""
+    its default buft (docs/graph-alloc-sched.md §8's "weights @B")."""
     ctxs, out = {}, {}
     for name, ne, b in specs:
         ctx = ctxs.setdefault(b, lg.Context())
@@ -129,7 +130,7 @@ def mlp_weights(layer_backends, n=64):
 
 
 def mlp(w, n_layers, n=64, n_tok=4):
-    """Spec §8's standard MLP: ``h_i = relu(W_i h + B_i)`` on the INPUT ``x`` [n, n_tok]."""
+    """The standard MLP of docs/graph-alloc-sched.md §8: ``h_i = relu(W_i h + B_i)`` on the INPUT ``x`` [n, n_tok]."""
     ctx = lg.Context()
     x = named(ctx.new_tensor_2d(lg.F32, n, n_tok), "x")
     lg.set_input(x)
@@ -294,7 +295,7 @@ def test_debug_lines_t25_format(caplog):
         "node #  3 (      RELU):                   r0 (   1K) [  GPU    2.sup] use=0,c=1:"
         "             GPU#s0#0 (   1K) [ NULL    4.cpy]",
     ]
-    # with the causes blanked, the lines are GGML's own (spec §6.8, T25)
+    # with the causes blanked, the lines are GGML's own (docs/graph-alloc-sched.md §6.8, T25)
     assert lines[3] + "\n" + blank_causes(lines[4]) == (
         "\n## SPLIT #1: CPU # 1 inputs: [a0 (   1K)] \n"
         "node #  2 (  SOFT_MAX):                   s0 (   1K) [  CPU         ] use=1,c=1:"

@@ -1,4 +1,4 @@
-"""Tensors, views and flags (spec graph-alloc-sched.md §1)."""
+"""Tensors, views and flags (docs/graph-alloc-sched.md §1)."""
 from __future__ import annotations
 
 import numpy as np
@@ -149,7 +149,8 @@ def test_context_memory_limit():
 def test_host_view_follows_the_tensor_when_it_moves():
     """backend.host_view keeps the last view on the tensor; moving the tensor must not reuse it."""
     import numpy as np
-    from lazyggml.backend import host_view, tensor_alloc
+    from lazyggml.backend import host_view
+    from lazyggml.buffer import tensor_alloc
     from lazyggml.backends.cpu import cpu_buffer_type
 
     ctx = lg.Context()

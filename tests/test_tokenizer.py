@@ -5,8 +5,8 @@ from hypothesis import given, settings, strategies as st
 
 from lazyggml.gguf_io import GGUFError, read_gguf
 from lazyggml.testing import make_tiny_llama
-from lazyggml.tokenizer import (BYTE_TO_UNICODE, SPIECE_UNDERLINE as U, TokenAttr, Tokenizer,
-                                byte_encode, clean_up_tokenization_spaces, pre_tokenize)
+from lazyggml.tokenizer import (BYTE_TO_UNICODE, SPIECE_UNDERLINE as U, TokenAttr, Tokenizer, byte_encode,
+                                clean_up_tokenization_spaces, pre_tokenize)
 
 N_SPM_FIXED = 3 + 256  # <unk> <s> </s> and the byte tokens come before the pieces
 

@@ -39,10 +39,13 @@ import numpy as np
 
 from .. import ops
 from ..alloc import alloc_ctx_tensors_from_buft
-from ..backend import BufferUsage, DeviceType, dev_by_name, tensor_get, tensor_set, dev_count, dev_get
+from ..buffer import BufferUsage
+from ..backend import DeviceType, tensor_get, tensor_set
+from ..registry import dev_by_name, dev_count, dev_get
 from ..backends.cpu import backend_cpu_init, set_n_threads
 from ..graph import Graph
-from ..gguf_io import LlamaHParams, check_llama_tensors, read_gguf
+from ..gguf_io import read_gguf
+from .hparams import LlamaHParams, check_llama_tensors
 from ..sampling import Sampler
 from ..sched import Scheduler
 from ..tensor import Context, set_input, set_output

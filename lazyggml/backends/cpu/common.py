@@ -1,0 +1,122 @@
+"""What the CPU kernel modules share: element kinds and their conversions (rows, shape, softmax's
+mask, matmul's activations), ``unravel_row``, and ``parallel_kernel`` / ``launch`` (a parallel
+kernel that runs on one thread when the work is small).
+
+Element types travel as their raw bits: a tensor's NumPy view is reinterpreted as an unsigned
+integer array of the same width (``as_bits``), and a small integer *kind* says how to read and
+write those bits (``to_f32`` / ``from_f32``). One compiled kernel thus covers F32, F16, BF16 and I32
+in any combination (numba has no float16 on the CPU), and plain same-type copies move the bits
+untouched (KIND_RAW), which is also how I8/I16/I64/F64 and same-type quantized copies go.
+
+Conversions go through float32, exactly as GGML's ``type_conversion_table``: F16 rounds to
+nearest even (``GGML_CPU_FP32_TO_FP16``, F16C on x86), BF16 as ``ggml_compute_fp32_to_bf16``, I32
+by C's truncating cast.
+"""
+from __future__ import annotations
+
+import types
+
+import numba
+import numpy as np
+from numba import njit
+
+from ... import cache
+from ...types import Type
+from . import quant as _quant
+from . import simd
+
+_kernel = njit(cache=True, error_model="numpy")
+
+# -- element kinds -------------------------------------------------------------------------------
+KIND_RAW = -1   # same type on both sides: copy the bits
+KIND_F32 = 0
+KIND_F16 = 1
+KIND_BF16 = 2
+KIND_I32 = 3
+
+KIND = {Type.F32: KIND_F32, Type.F16: KIND_F16, Type.BF16: KIND_BF16, Type.I32: KIND_I32}
+FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def as_bits(a):
+    """``a`` reinterpreted as unsigned integers of its own width (a view; any strides)."""
+    return a.view(_UINT[a.dtype.itemsize])
+
+
+def quant_ready(t):
+    """True when ``quant.quantize`` / ``quant.dequantize`` handle rows of type ``t``."""
+    return t in _quant.SUPPORTED_TYPES
+
+
+@_kernel
+def to_f32(b, kind):
+    """The float32 value of the element bits ``b`` of the given kind."""
+    if kind == KIND_F16:
+        return _quant.fp16_to_fp32(b)
+    if kind == KIND_BF16:
+        return _quant.bf16_to_fp32(b)
+    if kind == KIND_I32:
+        return np.float32(np.uint32(b).view(np.int32))
+    return np.uint32(b).view(np.float32)
+
+
+@_kernel
+def from_f32(x, kind):
+    """The bits (as uint32) of the float32 ``x`` stored as the given kind."""
+    if kind == KIND_F16:
+        return np.uint32(_quant.fp32_to_fp16(x))
+    if kind == KIND_BF16:
+        return np.uint32(_quant.fp32_to_bf16(x))
+    if kind == KIND_I32:
+        return np.int32(x).view(np.uint32)
+    return np.float32(x).view(np.uint32)
+
+
+@_kernel
+def convert_row(s, skind, d, dkind):
+    """``d[:] = s[:]`` element by element, converting between kinds (KIND_RAW: the same bits)."""
+    if skind == dkind or skind == KIND_RAW:
+        for i in range(s.shape[0]):
+            d[i] = s[i]
+    else:
+        for i in range(s.shape[0]):
+            d[i] = from_f32(to_f32(s[i], skind), dkind)
+
+
+# below this many elements a parallel kernel runs on one thread: waking the pool costs more
+PARALLEL_MIN_ELEMENTS = 1 << 15
+
+
+def parallel_kernel(fn):
+    """``@njit(parallel=True)``, plus a serial twin as ``kernel.serial``: the same function compiled
+    without ``parallel=True`` (its ``prange`` is then a plain ``range``). A parallel region costs
+    ~3 µs even on one thread, several times a decode step's small kernels; the twin costs nothing.
+    The twin has its own qualified name, hence its own cache files."""
+    flags = dict(cache=True, error_model="numpy")
+    kernel = njit(parallel=True, **flags)(fn)
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    twin.__qualname__ = fn.__qualname__ + ".serial"
+    kernel.serial = njit(**flags)(twin)
+    return kernel
+
+
+def launch(kernel, n_elements, *args):
+    """The plan step ``(kernel, args)`` of a ``parallel_kernel``: its serial twin when the work is
+    small or Numba has one thread (read when the plan is made: the CPU backend sets it first)."""
+    if n_elements < PARALLEL_MIN_ELEMENTS or numba.get_num_threads() == 1:
+        kernel = kernel.serial
+    return kernel, args
+
+
+@_kernel
+def unravel_row(r, n1, n2):
+    """Row number ``r`` of a (n3, n2, n1, n0) array as its (i3, i2, i1)."""
+    i1 = r % n1
+    q = r // n1
+    return q // n2, q % n2, i1
+
+
+# the cache of every kernel above also depends on these files (see cache.tie_cache)
+cache.tie_cache(globals(), simd.ISA, simd.__file__, _quant.__file__, __file__)

@@ -1,0 +1,455 @@
+"""GGML's MUL_MAT on the CPU: ``dst = W · x`` batch by batch, with broadcasting.
+
+Shapes are NumPy's view of GGML's (reversed ``ne``)::
+
+    w    (ne03, ne02, ne01, row)   weights: ``row`` = bytes of a quantized row (uint8), or the
+                                   ne00 elements of a float32 / float16 / uint16 (F16, BF16) row
+    x    (ne13, ne12, ne11, ne10)  float32 activations, any strides (a permuted view is fine)
+    dst  (ne13, ne12, ne11, ne01)  float32, C-contiguous
+
+    dst[i3, i2, i1, i0] = Σ_k W[i3 // r3, i2 // r2, i0, k] · x[i3, i2, i1, k],
+    r2 = ne12 / ne02,  r3 = ne13 / ne03           (GGML's broadcast of src0 over src1)
+
+How it runs (GGML's ``ggml_compute_forward_mul_mat``, reorganised):
+
+1. **Activations are converted once** to the weight type's ``vec_dot_type`` (traits.py): Q8_K for
+   the K-quants, Q8_0 for Q4_0/Q8_0/Q5_0, Q8_1 for Q4_1/Q5_1, fp16- or bf16-rounded floats for
+   F16/BF16 weights. From then on a dot product is integer multiply-adds on both sides. For the
+   SIMD types the quantized columns are stored block-major (block i of all columns together), so
+   a tile of columns is read as one contiguous stream.
+2. **The output is cut into tasks**: a tile of ``RT`` weight rows × ``CT`` activation columns of
+   one batch. Threads (Numba ``prange``, ``numba.set_num_threads``) take tasks from a shared atomic
+   counter, so a core slowed down by something else just does fewer of them.
+3. **A task** walks its weight rows; each row is dotted with all ``CT`` columns at once by
+   ``vec_dot.dot_cols_*``, which unpacks every weight block once for all the columns (a weight
+   byte is read from memory once per column tile, and unpacked once per column tile). With a
+   single column, the register-only ``vec_dot.dot_*`` is used.
+
+Decode (``ne11 <= 8``) is then a matrix-vector product parallel over weight rows: memory-bound,
+it reads the weights once. Prefill (many columns) is compute-bound and gains from the per-block
+unpacking being shared by ``CT`` columns. No weight repacking is needed.
+
+Numerics: per (row, column), the arithmetic is exactly that of GGML's AVX2 ``vec_dot`` (same
+activation quantizer, same integer lanes, same FMA order): on an FMA machine the fast types
+(Q4_K, Q5_K, Q6_K, Q8_0, Q4_0) match GGML's CPU backend bit for bit. Q4_1/Q5_0/Q5_1/Q2_K/Q3_K
+go through the plain reference dot products (correct, slow). Float types use FMA lanes in
+another order than GGML's (relative differences ~1e-7).
+
+Entry points: ``mul_mat(w, wtype, x, dst)``, and ``mul_mat_steps`` (the same as kernel calls
+for the CPU backend's plans: argument checks and scratch buffers once per graph, not per step).
+"""
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from ... import cache
+from ...ops import Op
+from ...types import Type, as_type, row_size, type_size
+from . import common
+from .table import forward
+from . import quant as Q
+from . import simd
+from . import vec_dot as V
+from .common import KIND, from_f32, to_f32, unravel_row
+
+_kernel = njit(cache=True)
+_parallel = njit(cache=True, parallel=True)
+
+# weight types by path; the ids are GGML's type ids, passed to the njit switches below
+FAST_TYPES = (Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0)
+REF_TYPES = (Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q2_K, Type.Q3_K)
+FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
+SUPPORTED_TYPES = FAST_TYPES + REF_TYPES + FLOAT_TYPES
+
+_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = (int(t) for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1,
+                                                      Type.Q8_0))
+_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = (int(t) for t in (Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K,
+                                                      Type.Q6_K))
+_Q8_K, _Q8_1 = int(Type.Q8_K), int(Type.Q8_1)
+_F32, _F16, _BF16 = int(Type.F32), int(Type.F16), int(Type.BF16)
+
+# activation type of each quantized weight type (GGML's type_traits_cpu[].vec_dot_type)
+VEC_DOT_TYPE = {Type.Q4_K: Type.Q8_K, Type.Q5_K: Type.Q8_K, Type.Q6_K: Type.Q8_K,
+                Type.Q2_K: Type.Q8_K, Type.Q3_K: Type.Q8_K, Type.Q8_0: Type.Q8_0,
+                Type.Q4_0: Type.Q8_0, Type.Q5_0: Type.Q8_0, Type.Q4_1: Type.Q8_1,
+                Type.Q5_1: Type.Q8_1, Type.F32: Type.F32, Type.F16: Type.F16,
+                Type.BF16: Type.BF16}
+
+# Tile sizes. CT columns share each unpacked weight block; 16 columns of a k=14336 Q8_K row are
+# 256 KiB, which stays in a core's L2 while RT weight rows stream past. Measured on the dev
+# machine (bench/bench_mul_mat.py); any value is correct.
+PREFILL_CT = 16
+PREFILL_RT = 64
+DECODE_RT = 16
+DECODE_MAX_COLS = 8
+# below this many multiply-adds one thread beats waking the others: libgomp's workers spin a
+# while after a parallel region, so the next one costs ~3 µs (a 768x768 Q4_K mat-vec is ~60 µs)
+PARALLEL_MIN_MACS = 1 << 16
+
+
+# =================================================================================================
+# njit drivers
+# =================================================================================================
+
+@_kernel
+def _block_bytes(vtid):
+    return 292 if vtid == _Q8_K else (34 if vtid == _Q8_0 else 36)
+
+
+@_kernel
+def _quantize_row(vtid, x, y):
+    if vtid == _Q8_K:
+        Q.quantize_row_q8_K(x, y)
+    elif vtid == _Q8_0:
+        V.quantize_row_q8_0_cpu(x, y)
+    else:
+        V.quantize_row_q8_1_cpu(x, y)
+
+
+@_kernel
+def _quantize_rows(vtid, x4, yq, rs, bsz, block_major, r0, r1, tmp, rowbuf):
+    """Quantize activation rows r0..r1 (flattened over i3, i2, i1) into yq, rs bytes per row.
+
+    The row is first copied into the contiguous tmp, so strided x costs one gather, not a
+    recompile. With block_major, the blocks of a batch's ne11 columns are interleaved: column c's
+    block i lands at batch_base + (i*ne11 + c)*bsz, so the kernels that walk block i of a tile of
+    columns read one contiguous stretch of memory (hardware prefetchers follow it; 16 separate
+    column streams they follow less well)."""
+    ne12, ne11 = x4.shape[1], x4.shape[2]
+    for r in range(r0, r1):
+        i1 = r % ne11
+        i2 = (r // ne11) % ne12
+        i3 = r // (ne11 * ne12)
+        tmp[:] = x4[i3, i2, i1, :]
+        if not block_major:
+            _quantize_row(vtid, tmp, yq[r * rs:(r + 1) * rs])
+            continue
+        _quantize_row(vtid, tmp, rowbuf)
+        base = (r - i1) * rs + i1 * bsz
+        for i in range(rs // bsz):
+            o = base + i * ne11 * bsz
+            yq[o:o + bsz] = rowbuf[i * bsz:(i + 1) * bsz]
+
+
+@_parallel
+def _quantize_acts_par(vtid, x4, yq, rs, bsz, block_major, nth):
+    nrows = x4.shape[0] * x4.shape[1] * x4.shape[2]
+    nth = min(nth, nrows)
+    for th in prange(nth):
+        tmp = np.empty(x4.shape[3], np.float32)
+        rowbuf = np.empty(rs, np.uint8)
+        _quantize_rows(vtid, x4, yq, rs, bsz, block_major, th * nrows // nth,
+                       (th + 1) * nrows // nth, tmp, rowbuf)
+
+
+@_kernel
+def _quantize_acts(vtid, x4, yq, rs, bsz, block_major):
+    tmp = np.empty(x4.shape[3], np.float32)
+    rowbuf = np.empty(rs, np.uint8)
+    _quantize_rows(vtid, x4, yq, rs, bsz, block_major, 0, x4.shape[0] * x4.shape[1] * x4.shape[2],
+                   tmp, rowbuf)
+
+
+@_kernel
+def _task_geometry(t, w4, dst, RT, CT):
+    """Task t -> (weight batch indices, dst batch indices, rows r0..r1, columns c0..c0+nc).
+    Row tiles vary fastest, so tasks taken in a row share a column tile (L2 reuse)."""
+    ne03, ne02, ne01 = w4.shape[0], w4.shape[1], w4.shape[2]
+    ne13, ne12, ne11 = dst.shape[0], dst.shape[1], dst.shape[2]
+    nrt = (ne01 + RT - 1) // RT
+    nct = (ne11 + CT - 1) // CT
+    rt = t % nrt
+    u = t // nrt
+    c0 = (u % nct) * CT
+    b = u // nct
+    i2 = b % ne12
+    i3 = b // ne12
+    return (i3 // (ne13 // ne03), i2 // (ne12 // ne02), i3, i2, rt * RT, min(ne01, rt * RT + RT),
+            c0, min(CT, ne11 - c0))
+
+
+@_kernel
+def _n_tasks(w4, dst, RT, CT):
+    return (dst.shape[0] * dst.shape[1] * ((w4.shape[2] + RT - 1) // RT)
+            * ((dst.shape[2] + CT - 1) // CT))
+
+
+# ---- quantized weights with a SIMD kernel ---------------------------------------------------------
+
+@_kernel
+def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
+    """One task of a SIMD type; yq is block-major (see _quantize_rows)."""
+    j3, j2, i3, i2, r0, r1, c0, nc = _task_geometry(t, w4, dst, RT, CT)
+    ne11 = dst.shape[2]
+    yo = (i3 * dst.shape[1] + i2) * ne11 * rs + c0 * bsz
+    ybs = ne11 * bsz  # from block i to block i+1 of one column
+    for r in range(r0, r1):
+        x = w4[j3, j2, r]
+        if ne11 == 1:
+            # a single column (decode): the register-only kernel, contiguous blocks
+            if kid == _Q4_K:
+                tmp[0] = V.dot_q4_K_q8_K(n, x, yq, yo)
+            elif kid == _Q6_K:
+                tmp[0] = V.dot_q6_K_q8_K(n, x, yq, yo)
+            elif kid == _Q5_K:
+                tmp[0] = V.dot_q5_K_q8_K(n, x, yq, yo)
+            elif kid == _Q8_0:
+                tmp[0] = V.dot_q8_0_q8_0(n, x, yq, yo)
+            else:
+                tmp[0] = V.dot_q4_0_q8_0(n, x, yq, yo)
+        elif kid == _Q4_K:
+            V.dot_cols_q4_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        elif kid == _Q6_K:
+            V.dot_cols_q6_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        elif kid == _Q5_K:
+            V.dot_cols_q5_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        elif kid == _Q8_0:
+            V.dot_cols_q8_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        else:
+            V.dot_cols_q4_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        for c in range(nc):
+            dst[i3, i2, c0 + c, r] = tmp[c]
+
+
+@_parallel
+def _run_fast_par(kid, n, w4, yq, rs, bsz, dst, RT, CT, nth):
+    ntasks = _n_tasks(w4, dst, RT, CT)
+    counter = np.zeros(1, np.int64)
+    for _ in prange(min(nth, ntasks)):
+        acc = np.empty(V.ACC_PER_COL * CT, np.float32)
+        tmp = np.empty(CT, np.float32)
+        t = simd.fetch_add(counter, 0, 1)
+        while t < ntasks:
+            _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp)
+            t = simd.fetch_add(counter, 0, 1)
+
+
+@_kernel
+def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
+    acc = np.empty(V.ACC_PER_COL * CT, np.float32)
+    tmp = np.empty(CT, np.float32)
+    for t in range(_n_tasks(w4, dst, RT, CT)):
+        _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp)
+
+
+# ---- quantized weights through the reference dot products ---------------------------------------
+
+@_kernel
+def _dot_ref(kid, n, x, y):
+    if kid == _Q4_1:
+        return V.vec_dot_q4_1_q8_1_ref(n, x, y)
+    elif kid == _Q5_0:
+        return V.vec_dot_q5_0_q8_0_ref(n, x, y)
+    elif kid == _Q5_1:
+        return V.vec_dot_q5_1_q8_1_ref(n, x, y)
+    elif kid == _Q2_K:
+        return V.vec_dot_q2_K_q8_K_ref(n, x, y)
+    else:
+        return V.vec_dot_q3_K_q8_K_ref(n, x, y)
+
+
+@_kernel
+def _task_ref(kid, n, w4, yq, rs, dst, t, RT, CT):
+    j3, j2, i3, i2, r0, r1, c0, nc = _task_geometry(t, w4, dst, RT, CT)
+    for c in range(c0, c0 + nc):
+        yo = ((i3 * dst.shape[1] + i2) * dst.shape[2] + c) * rs
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = _dot_ref(kid, n, w4[j3, j2, r], yq[yo:yo + rs])
+
+
+@_parallel
+def _run_ref_par(kid, n, w4, yq, rs, dst, RT, CT, nth):
+    ntasks = _n_tasks(w4, dst, RT, CT)
+    counter = np.zeros(1, np.int64)
+    for _ in prange(min(nth, ntasks)):
+        t = simd.fetch_add(counter, 0, 1)
+        while t < ntasks:
+            _task_ref(kid, n, w4, yq, rs, dst, t, RT, CT)
+            t = simd.fetch_add(counter, 0, 1)
+
+
+@_kernel
+def _run_ref(kid, n, w4, yq, rs, dst, RT, CT):
+    for t in range(_n_tasks(w4, dst, RT, CT)):
+        _task_ref(kid, n, w4, yq, rs, dst, t, RT, CT)
+
+
+# ---- float weights --------------------------------------------------------------------------------
+
+@_kernel
+def _task_float(kind, n, w4, xf, dst, t, RT, CT, acc, tmp):
+    j3, j2, i3, i2, r0, r1, c0, nc = _task_geometry(t, w4, dst, RT, CT)
+    ycs = 4 * n
+    yo = ((i3 * dst.shape[1] + i2) * dst.shape[2] + c0) * ycs
+    for r in range(r0, r1):
+        x = w4[j3, j2, r]
+        if dst.shape[2] == 1:
+            # a single column (decode): the register-only kernel
+            tmp[0] = V.dot_float(n, x, xf, yo, kind)
+        elif kind == 0:
+            V.dot_cols_f32(n, x, xf, yo, ycs, nc, acc, tmp)
+        elif kind == 1:
+            V.dot_cols_f16(n, x, xf, yo, ycs, nc, acc, tmp)
+        else:
+            V.dot_cols_bf16(n, x, xf, yo, ycs, nc, acc, tmp)
+        for c in range(nc):
+            dst[i3, i2, c0 + c, r] = tmp[c]
+
+
+@_parallel
+def _run_float_par(kind, n, w4, xf, dst, RT, CT, nth):
+    ntasks = _n_tasks(w4, dst, RT, CT)
+    counter = np.zeros(1, np.int64)
+    for _ in prange(min(nth, ntasks)):
+        acc = np.empty(V.ACC_PER_COL * (CT + 4), np.float32)
+        tmp = np.empty(CT, np.float32)
+        t = simd.fetch_add(counter, 0, 1)
+        while t < ntasks:
+            _task_float(kind, n, w4, xf, dst, t, RT, CT, acc, tmp)
+            t = simd.fetch_add(counter, 0, 1)
+
+
+@_kernel
+def _run_float(kind, n, w4, xf, dst, RT, CT):
+    acc = np.empty(V.ACC_PER_COL * (CT + 4), np.float32)
+    tmp = np.empty(CT, np.float32)
+    for t in range(_n_tasks(w4, dst, RT, CT)):
+        _task_float(kind, n, w4, xf, dst, t, RT, CT, acc, tmp)
+
+
+# =================================================================================================
+# Python entry point
+# =================================================================================================
+
+_tls = threading.local()
+
+
+def _scratch(name, nbytes):
+    """A reusable per-Python-thread byte buffer (fresh allocations would page-fault every call).
+    A plan keeps the one it was made with, so a later, larger request never pulls it away."""
+    buf = getattr(_tls, name, None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = np.empty(max(nbytes, 1 << 16), np.uint8)
+        setattr(_tls, name, buf)
+    return buf[:nbytes]
+
+
+@_kernel
+def _round_acts(kind, x4, xf):
+    """xf = x4 rounded to F16 (kind 1) or BF16 (kind 2) and back: GGML's vec_dot_type for those
+    weights is the weight type (F16 as GGML_CPU_FP32_TO_FP16, BF16 as ggml_compute_fp32_to_bf16)."""
+    n3, n2, n1, n0 = x4.shape
+    for r in range(n3 * n2 * n1):
+        i3, i2, i1 = unravel_row(r, n1, n2)
+        for i0 in range(n0):
+            xf[i3, i2, i1, i0] = to_f32(from_f32(x4[i3, i2, i1, i0], kind), kind)
+
+
+def tiles(ne01, ne11):
+    """(RT, CT) for a product with ne01 weight rows and ne11 columns."""
+    if ne11 <= DECODE_MAX_COLS:
+        return min(DECODE_RT, ne01), ne11
+    return min(PREFILL_RT, ne01), PREFILL_CT
+
+
+def mul_mat(w, wtype, x, dst):
+    """dst = GGML mul_mat(w, x); see the module docstring for shapes. Returns dst."""
+    for kernel, args in mul_mat_steps(w, wtype, x, dst, numba.get_num_threads()):
+        kernel(*args)
+    return dst
+
+
+def mul_mat_steps(w, wtype, x, dst, nth):
+    """The kernel calls ``[(kernel, args)]`` that compute ``mul_mat(w, x)`` into dst with ``nth``
+    threads: the arguments are checked and built here once, so that a plan can replay them."""
+    wtype = as_type(wtype)
+    if wtype not in SUPPORTED_TYPES:
+        raise NotImplementedError(f"mul_mat: no CPU kernel for {wtype.name} weights")
+    if w.ndim != 4 or x.ndim != 4 or dst.ndim != 4:
+        raise ValueError("mul_mat: w, x and dst must be 4-D")
+    ne03, ne02, ne01 = w.shape[:3]
+    ne13, ne12, ne11, ne10 = x.shape
+    if dst.shape != (ne13, ne12, ne11, ne01):
+        raise ValueError(f"mul_mat: dst has shape {dst.shape}, expected {(ne13, ne12, ne11, ne01)}")
+    if ne12 % ne02 or ne13 % ne03:
+        raise ValueError(f"mul_mat: batch dims {x.shape[:2]} are not multiples of {w.shape[:2]}")
+    if dst.dtype != np.float32 or not dst.flags.c_contiguous:
+        raise ValueError("mul_mat: dst must be C-contiguous float32")
+    if x.dtype != np.float32:
+        raise ValueError("mul_mat: x must be float32")
+    if dst.size == 0:
+        return []
+    if ne10 == 0:
+        return [(dst.fill, (0,))]
+
+    RT, CT = tiles(ne01, ne11)
+    macs = ne01 * ne10 * ne11 * ne12 * ne13
+    parallel = macs >= PARALLEL_MIN_MACS and nth > 1
+    nrows_x = ne11 * ne12 * ne13
+
+    if wtype in FLOAT_TYPES:
+        steps = []
+        if wtype == Type.F32:
+            if w.dtype != np.float32:
+                raise ValueError("mul_mat: F32 weights must be float32")
+            xf = x
+            if not x.flags.c_contiguous:
+                xf = _scratch("xf", 4 * x.size).view(np.float32).reshape(x.shape)
+                steps.append((np.copyto, (xf, x)))
+        else:
+            if w.dtype == np.float16:
+                w = w.view(np.uint16)
+            if w.dtype != np.uint16:
+                raise ValueError(f"mul_mat: {wtype.name} weights must be float16 or uint16")
+            xf = _scratch("xf", 4 * x.size).view(np.float32).reshape(x.shape)
+            steps.append((_round_acts, (KIND[wtype], x, xf)))
+        if w.shape[3] != ne10 or w.strides[3] != w.itemsize:
+            raise ValueError(f"mul_mat: weight rows must be {ne10} contiguous elements")
+        kind = (_F32, _F16, _BF16).index(int(wtype))
+        if parallel:
+            steps.append((_run_float_par, (kind, ne10, w, xf.reshape(-1), dst, RT, CT, nth)))
+        else:
+            steps.append((_run_float, (kind, ne10, w, xf.reshape(-1), dst, RT, CT)))
+        return steps
+
+    if w.dtype != np.uint8 or w.shape[3] != row_size(wtype, ne10) or w.strides[3] != 1:
+        raise ValueError(f"mul_mat: {wtype.name} weights must be uint8 rows of "
+                         f"{row_size(wtype, ne10)} contiguous bytes")
+    vt = VEC_DOT_TYPE[wtype]
+    rs = row_size(vt, ne10)
+    bsz = _block_bytes(int(vt))
+    fast = wtype in FAST_TYPES
+    yq = _scratch("yq", rs * nrows_x)
+    if nrows_x > 1 and parallel:
+        steps = [(_quantize_acts_par, (int(vt), x, yq, rs, bsz, fast, nth))]
+    else:
+        steps = [(_quantize_acts, (int(vt), x, yq, rs, bsz, fast))]
+    if fast:
+        if parallel:
+            steps.append((_run_fast_par, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth)))
+        else:
+            steps.append((_run_fast, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT)))
+    elif parallel:
+        steps.append((_run_ref_par, (int(wtype), ne10, w, yq, rs, dst, RT, CT, nth)))
+    else:
+        steps.append((_run_ref, (int(wtype), ne10, w, yq, rs, dst, RT, CT)))
+    return steps
+
+
+# the cache of every driver above also depends on these files (see cache.tie_cache)
+cache.tie_cache(globals(), simd.ISA, simd.__file__, Q.__file__, V.__file__, common.__file__, __file__)
+
+
+def _mul_mat_supported(node):
+    a, b = node.src[0], node.src[1]
+    return (a.type in SUPPORTED_TYPES and b.type == Type.F32 and node.type == Type.F32
+            and a.nb[0] == type_size(a.type))
+
+
+@forward(Op.MUL_MAT, supports=_mul_mat_supported)
+def _forward_mul_mat(node, dst, srcs):
+    return mul_mat_steps(srcs[0], node.src[0].type, srcs[1], dst, numba.get_num_threads())

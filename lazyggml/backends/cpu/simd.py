@@ -1,0 +1,724 @@
+"""A tiny SIMD vocabulary for Numba: LLVM vector values as first-class Numba variables.
+
+Why this module exists
+----------------------
+Numba compiles a plain loop over bytes into scalar code: it does not turn "unpack nibbles, multiply
+unsigned by signed bytes, add neighbours, scale, add" into the eight AVX2 instructions GGML's
+``ggml_vec_dot_q4_K_q8_K`` uses, and the quantized dot products are 4 to 6 times slower for it.
+LLVM, however, *can* emit those instructions when it is handed vector IR. So this module gives Numba
+a handful of LLVM vector types (``<32 x i8>``, ``<16 x i16>``, ``<8 x i32>``, ``<8 x float>`` and
+their 128-bit halves) and about thirty ``@intrinsic`` operations on them. A kernel written with them
+reads like C written with ``<immintrin.h>`` (see ``vec_dot.py``), yet it is ordinary ``@njit`` code:
+the vectors live in Numba local variables, which LLVM keeps in registers.
+
+How it works
+------------
+* ``Vec`` is a Numba type whose data model is an LLVM vector (``PrimitiveModel``). It never crosses
+  the Python boundary: vectors are made by loads/splats inside jitted code and reduced to scalars
+  before returning to Python.
+* Each operation is an ``@intrinsic``: a Python function that runs at compile time, checks the
+  argument types and emits a few lines of LLVM IR with llvmlite's IRBuilder. Numba inlines that IR
+  into the caller, so an operation costs exactly its instructions.
+* Loads are unaligned (``align 1``) from a byte offset into any 1-D array (a row of a strided
+  tensor is fine as long as the bytes read are contiguous): block structures are read straight
+  from the weight bytes, without views or copies. No bounds checks: callers stay in range.
+
+Two instruction sets, one source
+--------------------------------
+A few x86 instructions have no single LLVM IR equivalent: ``maddubs`` (``pmaddubsw``: unsigned
+bytes x signed bytes, adjacent pairs added into int16 with saturation), ``madd`` (``pmaddwd``:
+int16 x int16, adjacent pairs added into int32) and ``vsign`` (``psignb``). With AVX2 in the Numba
+target they call ``llvm.x86.avx2.*`` directly (one instruction each); with AVX-512 VNNI,
+``madd_acc`` and ``dot4_acc`` become one ``vpdpwssd`` / ``vpdpbusd``. Otherwise they are written as
+portable IR (widen, multiply, pick even/odd lanes with ``shufflevector``, add; ``select``) that
+LLVM compiles for any target, and often pattern-matches back into ``pmaddwd`` on SSE2. fp16 lanes
+are decoded with F16C's ``vcvtph2ps`` or a portable bit trick. Everything else is plain portable
+IR (``and``, ``lshr``, ``sitofp``, ``llvm.fmuladd``...).
+
+The choice is made once, at import, from the features of Numba's *target* (not just the host), so
+``NUMBA_CPU_FEATURES`` / ``NUMBA_ENABLE_AVX=0`` are honoured. ``LAZYGGML_SIMD=portable`` forces the
+portable IR even on an AVX2 machine (the tests use it). Numba's on-disk cache key holds the target
+CPU and its features but not this choice, nor the other source files a kernel inlines:
+``cache.tie_cache`` adds both (each kernel module passes it ``ISA``).
+
+Floating-point contract: ``fma`` is ``llvm.fmuladd``, a fused multiply-add where the target has FMA
+(bit-identical to GGML's ``_mm256_fmadd_ps``) and a multiply then an add elsewhere.
+"""
+from __future__ import annotations
+
+import os
+
+from llvmlite import ir
+from numba import types
+from numba.core import config
+from numba.core.codegen import get_host_cpu_features
+from numba.extending import intrinsic, models, register_model
+
+# ---------------------------------------------------------------------------------------------------
+# Which instruction set: decided once, at import.
+# ---------------------------------------------------------------------------------------------------
+
+
+def _target_features() -> str:
+    """The feature string Numba compiles for (what ``JITCPUCodegen`` passes to LLVM)."""
+    if config.CPU_FEATURES is not None:
+        return config.CPU_FEATURES
+    return get_host_cpu_features()
+
+
+_FEATURES = set(f[1:] for f in _target_features().split(",") if f.startswith("+"))
+_REQUEST = os.environ.get("LAZYGGML_SIMD", "auto").strip().lower()
+if _REQUEST not in ("auto", "portable"):
+    raise ValueError(f"LAZYGGML_SIMD={_REQUEST!r}: expected 'auto' or 'portable'")
+
+#: True when ``maddubs``/``madd`` use the AVX2 instructions directly.
+HAVE_AVX2 = _REQUEST == "auto" and "avx2" in _FEATURES
+#: True when fp16 -> fp32 lanes can use F16C's ``vcvtph2ps`` (``fpext <8 x half>``).
+HAVE_F16C = _REQUEST == "auto" and "f16c" in _FEATURES and "avx" in _FEATURES
+#: True when ``madd_acc`` can use AVX-512 VNNI's ``vpdpwssd`` on 256-bit registers.
+HAVE_VNNI = HAVE_AVX2 and "avx512vnni" in _FEATURES and "avx512vl" in _FEATURES
+#: "avx2", "avx2+vnni" or "portable": printed by benchmarks and tests.
+ISA = ("avx2+vnni" if HAVE_VNNI else "avx2") if HAVE_AVX2 else "portable"
+# ---------------------------------------------------------------------------------------------------
+# The vector types
+# ---------------------------------------------------------------------------------------------------
+
+
+class Vec(types.Type):
+    """An LLVM vector ``<count x elem>`` held in a Numba variable (e.g. ``i8x32`` = ``<32 x i8>``)."""
+
+    def __init__(self, kind: str, bits: int, count: int):
+        self.kind, self.bits, self.count = kind, bits, count  # kind: 'i' (integer) or 'f' (float32)
+        super().__init__(name=f"{kind}{bits}x{count}")
+
+    def llvm_type(self):
+        elem = ir.IntType(self.bits) if self.kind == "i" else ir.FloatType()
+        return ir.VectorType(elem, self.count)
+
+
+@register_model(Vec)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, fe_type.llvm_type())
+
+
+i8x32, i8x16 = Vec("i", 8, 32), Vec("i", 8, 16)
+i16x16, i16x8 = Vec("i", 16, 16), Vec("i", 16, 8)
+i32x8, i32x4 = Vec("i", 32, 8), Vec("i", 32, 4)
+f32x8, f32x4 = Vec("f", 32, 8), Vec("f", 32, 4)
+_BY_SHAPE = {(v.kind, v.bits, v.count): v for v in (i8x32, i8x16, i16x16, i16x8, i32x8, i32x4, f32x8, f32x4)}
+
+_I32 = ir.IntType(32)
+
+
+def _const_mask(indices):
+    return ir.Constant(ir.VectorType(_I32, len(indices)), [ir.Constant(_I32, i) for i in indices])
+
+
+def _call(builder, name, ret, args):
+    """Call the LLVM intrinsic ``name`` (declared on first use in this module)."""
+    mod = builder.module
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    fn = mod.globals.get(name) or ir.Function(mod, fnty, name=name)
+    return builder.call(fn, args)
+
+
+def _vname(v):
+    """LLVM's overload suffix for a vector type, e.g. ``v8f32``."""
+    return f"v{v.count}{'f' if v.kind == 'f' else 'i'}{v.bits}"
+
+
+def _data_ptr(context, builder, arrty, arr, byte_off):
+    """``(i8*) arr.data + byte_off``: the address of a byte inside a C-contiguous array."""
+    ary = context.make_array(arrty)(context, builder, arr)
+    base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+    return builder.gep(base, [byte_off])
+
+
+def _is_array(t):
+    return isinstance(t, types.Array) and t.ndim == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loads and scalar reads at a byte offset (unaligned, no bounds check: callers stay in range)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _make_load(vt):
+    @intrinsic
+    def load(typingctx, arr, off):
+        if not (_is_array(arr) and isinstance(off, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _data_ptr(context, builder, sig.args[0], args[0], args[1])
+            return builder.load(builder.bitcast(p, vt.llvm_type().as_pointer()), align=1)
+
+        return vt(arr, off), codegen
+
+    return load
+
+
+#: ``load_i8x32(a, off)``: 32 bytes of ``a`` starting at byte ``off``, as ``<32 x i8>``.
+load_i8x32 = _make_load(i8x32)
+load_i8x16 = _make_load(i8x16)
+load_i16x16 = _make_load(i16x16)
+load_i16x8 = _make_load(i16x8)
+load_f32x8 = _make_load(f32x8)
+
+
+def _make_scalar_load(nty, lty):
+    @intrinsic
+    def load(typingctx, arr, off):
+        if not (_is_array(arr) and isinstance(off, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _data_ptr(context, builder, sig.args[0], args[0], args[1])
+            return builder.load(builder.bitcast(p, lty.as_pointer()), align=1)
+
+        return nty(arr, off), codegen
+
+    return load
+
+
+#: ``load_u16(a, off)`` etc.: a little-endian scalar at byte ``off`` of any 1-D array.
+load_u16 = _make_scalar_load(types.uint16, ir.IntType(16))
+load_u32 = _make_scalar_load(types.uint32, ir.IntType(32))
+load_f32 = _make_scalar_load(types.float32, ir.FloatType())
+
+
+@intrinsic
+def store_f32x8(typingctx, arr, off, v):
+    """Store 8 floats at byte ``off`` of ``arr``."""
+    if not (_is_array(arr) and isinstance(off, types.Integer) and v == f32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _data_ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(p, f32x8.llvm_type().as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.none(arr, off, v), codegen
+
+
+# ---------------------------------------------------------------------------------------------------
+# Building vectors from scalars
+# ---------------------------------------------------------------------------------------------------
+
+
+def _make_splat(vt):
+    @intrinsic
+    def splat(typingctx, x):
+        if not isinstance(x, (types.Integer, types.Float)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            lt = vt.llvm_type()
+            s = context.cast(builder, args[0], sig.args[0], types.float32 if vt.kind == "f" else
+                             types.int64)
+            if vt.kind == "i":
+                s = builder.trunc(s, lt.element)
+            v = builder.insert_element(ir.Constant(lt, ir.Undefined), s, ir.Constant(_I32, 0))
+            return builder.shuffle_vector(v, v, _const_mask([0] * vt.count))
+
+        return vt(x), codegen
+
+    return splat
+
+
+#: ``splat_i8x32(c)``: all 32 lanes = c (wrapped to 8 bits). Zero vectors are ``splat_*(0)``.
+splat_i8x32 = _make_splat(i8x32)
+splat_i8x16 = _make_splat(i8x16)
+splat_i16x16 = _make_splat(i16x16)
+splat_i32x8 = _make_splat(i32x8)
+splat_f32x8 = _make_splat(f32x8)
+splat_f32x4 = _make_splat(f32x4)
+
+
+@intrinsic
+def u32x4_to_i8x16(typingctx, a, b, c, d):
+    """Four uint32 words, little-endian, as 16 bytes (GGML's ``_mm_set_epi32(d, c, b, a)``)."""
+    if not all(isinstance(t, types.Integer) for t in (a, b, c, d)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vt = ir.VectorType(_I32, 4)
+        v = ir.Constant(vt, ir.Undefined)
+        for i, (x, t) in enumerate(zip(args, sig.args)):
+            x = builder.trunc(context.cast(builder, x, t, types.uint64), _I32)
+            v = builder.insert_element(v, x, ir.Constant(_I32, i))
+        return builder.bitcast(v, i8x16.llvm_type())
+
+    return i8x16(a, b, c, d), codegen
+
+
+# ---------------------------------------------------------------------------------------------------
+# Lane-wise arithmetic and logic on two vectors of the same type
+# ---------------------------------------------------------------------------------------------------
+
+
+def _make_binop(int_op, float_op=None):
+    @intrinsic
+    def op(typingctx, a, b):
+        if not (isinstance(a, Vec) and a == b) or (a.kind == "f" and float_op is None):
+            return None
+
+        def codegen(context, builder, sig, args):
+            name = float_op if sig.args[0].kind == "f" else int_op
+            return getattr(builder, name)(args[0], args[1])
+
+        return a(a, b), codegen
+
+    return op
+
+
+vadd = _make_binop("add", "fadd")  #: lane-wise a + b (integers wrap)
+vsub = _make_binop("sub", "fsub")  #: lane-wise a - b
+vmul = _make_binop("mul", "fmul")  #: lane-wise a * b (integers: low half of the product)
+vand = _make_binop("and_")  #: bitwise and
+vor = _make_binop("or_")  #: bitwise or
+
+
+def _make_shift(op_name):
+    @intrinsic
+    def shift(typingctx, a, k):
+        if not (isinstance(a, Vec) and a.kind == "i" and isinstance(k, types.IntegerLiteral)):
+            return None
+        n = k.literal_value
+
+        def codegen(context, builder, sig, args):
+            lt = sig.args[0].llvm_type()
+            return getattr(builder, op_name)(args[0], ir.Constant(lt, [n] * lt.count))
+
+        return a(a, k), codegen
+
+    return shift
+
+
+#: ``vsrl(a, 4)``: logical right shift of every lane by a constant (``>>`` on unsigned lanes).
+#: On bytes LLVM emits ``vpsrlw`` plus a mask, exactly GGML's ``_mm256_srli_epi16`` + ``and``.
+vsrl = _make_shift("lshr")
+#: ``vsll(a, 4)``: left shift of every lane by a constant.
+vsll = _make_shift("shl")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Widening, halves, shuffles
+# ---------------------------------------------------------------------------------------------------
+
+
+def _make_ext(signed):
+    @intrinsic
+    def ext(typingctx, a):
+        if not (isinstance(a, Vec) and a.kind == "i"):
+            return None
+        out = _BY_SHAPE[("i", 2 * a.bits, a.count)]
+
+        def codegen(context, builder, sig, args):
+            f = builder.sext if signed else builder.zext
+            return f(args[0], out.llvm_type())
+
+        return out(a), codegen
+
+    return ext
+
+
+#: ``zext(v)``: zero-extend every lane to twice its width (``<16 x i8>`` -> ``<16 x i16>``),
+#: x86 ``vpmovzxbw`` (GGML's ``_mm256_cvtepu8_epi16``).
+zext = _make_ext(False)
+#: ``sext(v)``: sign-extend every lane to twice its width (``_mm256_cvtepi8_epi16``).
+sext = _make_ext(True)
+
+
+def _make_half(hi):
+    @intrinsic
+    def half(typingctx, a):
+        if not isinstance(a, Vec) or a.count % 2:
+            return None
+        out = _BY_SHAPE[(a.kind, a.bits, a.count // 2)]
+
+        def codegen(context, builder, sig, args):
+            h = out.count
+            return builder.shuffle_vector(args[0], args[0], _const_mask(range(h * hi, h * hi + h)))
+
+        return out(a), codegen
+
+    return half
+
+
+lo_half = _make_half(0)  #: lanes [0, n/2): ``_mm256_castsi256_si128``
+hi_half = _make_half(1)  #: lanes [n/2, n): ``_mm256_extracti128_si256(v, 1)``
+
+
+@intrinsic
+def concat(typingctx, lo, hi):
+    """Two halves into one vector (``MM256_SET_M128I(hi, lo)``)."""
+    if not (isinstance(lo, Vec) and lo == hi):
+        return None
+    out = _BY_SHAPE[(lo.kind, lo.bits, lo.count * 2)]
+
+    def codegen(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[1], _const_mask(range(out.count)))
+
+    return out(lo, hi), codegen
+
+
+@intrinsic
+def bcast_lane(typingctx, a, lane):
+    """Every lane of the result = lane ``lane`` of ``a``; ``lane`` must be a compile-time constant
+    after inlining/unrolling (``vpshufb``/``vpbroadcastw``; GGML's ``get_scale_shuffle_k4``)."""
+    if not (isinstance(a, Vec) and isinstance(lane, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        idx = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), _I32)
+        x = builder.extract_element(args[0], idx)
+        lt = sig.args[0].llvm_type()
+        v = builder.insert_element(ir.Constant(lt, ir.Undefined), x, ir.Constant(_I32, 0))
+        return builder.shuffle_vector(v, v, _const_mask([0] * lt.count))
+
+    return a(a, lane), codegen
+
+
+@intrinsic
+def bcast_pair16(typingctx, a, lane):
+    """``<16 x i16>`` whose low 8 lanes are lane ``lane`` of the 16-lane ``a`` and whose high 8 lanes
+    are lane ``lane + 1``: the two sub-block scales of Q6_K for one 32-byte half (GGML's
+    ``get_scale_shuffle``). ``lane`` must fold to a constant."""
+    if not (a == i16x16 and isinstance(lane, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        idx = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), _I32)
+        x0 = builder.extract_element(args[0], idx)
+        x1 = builder.extract_element(args[0], builder.add(idx, ir.Constant(_I32, 1)))
+        lt = i16x16.llvm_type()
+        v = builder.insert_element(ir.Constant(lt, ir.Undefined), x0, ir.Constant(_I32, 0))
+        v = builder.insert_element(v, x1, ir.Constant(_I32, 1))
+        return builder.shuffle_vector(v, v, _const_mask([0] * 8 + [1] * 8))
+
+    return i16x16(a, lane), codegen
+
+
+@intrinsic
+def hadd_pairs(typingctx, a):
+    """Adjacent lanes added: ``<16 x i16>`` -> ``<8 x i16>`` with r[i] = a[2i] + a[2i+1]
+    (GGML's ``_mm_hadd_epi16(lo, hi)`` on the Q8_K ``bsums``)."""
+    if not (isinstance(a, Vec) and a.kind == "i" and a.count % 2 == 0):
+        return None
+    out = _BY_SHAPE[("i", a.bits, a.count // 2)]
+
+    def codegen(context, builder, sig, args):
+        n = out.count
+        ev = builder.shuffle_vector(args[0], args[0], _const_mask(range(0, 2 * n, 2)))
+        od = builder.shuffle_vector(args[0], args[0], _const_mask(range(1, 2 * n, 2)))
+        return builder.add(ev, od)
+
+    return out(a), codegen
+
+
+# ---------------------------------------------------------------------------------------------------
+# The two integer multiply-adds (the heart of every quantized dot product)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _even_odd_add(builder, p, n, sat=False):
+    ev = builder.shuffle_vector(p, p, _const_mask(range(0, 2 * n, 2)))
+    od = builder.shuffle_vector(p, p, _const_mask(range(1, 2 * n, 2)))
+    if sat:
+        return _call(builder, f"llvm.sadd.sat.v{n}i16", ev.type, [ev, od])
+    return builder.add(ev, od)
+
+
+@intrinsic
+def maddubs(typingctx, a, b):
+    """x86 ``pmaddubsw``: ``a`` as UNSIGNED bytes times ``b`` as SIGNED bytes, adjacent products
+    added (saturating) into int16: ``<32 x i8>`` x ``<32 x i8>`` -> ``<16 x i16>`` (or the 128-bit
+    ``<16 x i8>`` -> ``<8 x i16>``). With 4-bit/6-bit weights in ``a`` the sum never saturates."""
+    if not (a == b and a in (i8x32, i8x16)):
+        return None
+    out = i16x16 if a == i8x32 else i16x8
+
+    def codegen(context, builder, sig, args):
+        x, y = args
+        if HAVE_AVX2:
+            name = "llvm.x86.avx2.pmadd.ub.sw" if out == i16x16 else "llvm.x86.ssse3.pmadd.ub.sw.128"
+            return _call(builder, name, out.llvm_type(), [x, y])
+        n = out.count
+        wide = ir.VectorType(ir.IntType(16), 2 * n)
+        p = builder.mul(builder.zext(x, wide), builder.sext(y, wide))
+        return _even_odd_add(builder, p, n, sat=True)
+
+    return out(a, b), codegen
+
+
+def _madd_ir(builder, x, y, n):
+    if HAVE_AVX2:
+        name = "llvm.x86.avx2.pmadd.wd" if n == 8 else "llvm.x86.sse2.pmadd.wd"
+        return _call(builder, name, ir.VectorType(_I32, n), [x, y])
+    wide = ir.VectorType(_I32, 2 * n)
+    p = builder.mul(builder.sext(x, wide), builder.sext(y, wide))
+    return _even_odd_add(builder, p, n)
+
+
+@intrinsic
+def madd(typingctx, a, b):
+    """x86 ``pmaddwd``: int16 x int16, adjacent products added into int32:
+    ``<16 x i16>`` x ``<16 x i16>`` -> ``<8 x i32>`` (or ``<8 x i16>`` -> ``<4 x i32>``)."""
+    if not (a == b and a in (i16x16, i16x8)):
+        return None
+    out = i32x8 if a == i16x16 else i32x4
+
+    def codegen(context, builder, sig, args):
+        return _madd_ir(builder, args[0], args[1], out.count)
+
+    return out(a, b), codegen
+
+
+@intrinsic
+def madd_acc(typingctx, acc, a, b):
+    """``acc + madd(a, b)`` on 8 int32 lanes: a single ``vpdpwssd`` with AVX-512 VNNI (+VL),
+    ``pmaddwd`` + ``paddd`` otherwise. Exact integer arithmetic either way (no saturation)."""
+    if not (acc == i32x8 and a == i16x16 and b == i16x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        s, x, y = args
+        if HAVE_VNNI:
+            # vpdpwssd takes its int16 operands as <8 x i32> in LLVM's signature
+            v8 = ir.VectorType(_I32, 8)
+            return _call(builder, "llvm.x86.avx512.vpdpwssd.256", v8,
+                         [s, builder.bitcast(x, v8), builder.bitcast(y, v8)])
+        return builder.add(s, _madd_ir(builder, x, y, 8))
+
+    return i32x8(acc, a, b), codegen
+
+
+@intrinsic
+def vabs(typingctx, a):
+    """Lane-wise absolute value of signed integers (``vpabsb``); abs(-128) stays -128 (0x80),
+    which ``maddubs`` then reads as the unsigned 128, so sign tricks stay exact."""
+    if not (isinstance(a, Vec) and a.kind == "i"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _call(builder, f"llvm.abs.{_vname(sig.args[0])}", args[0].type,
+                     [args[0], ir.Constant(ir.IntType(1), 0)])
+
+    return a(a), codegen
+
+
+@intrinsic
+def vsign(typingctx, a, b):
+    """x86 ``psignb``: per byte, ``a`` if b > 0, ``-a`` if b < 0, 0 if b == 0. With
+    ``vabs`` it turns a signed x signed byte product into the unsigned x signed one ``maddubs``
+    wants: x*y = |x| * sign(y, x)."""
+    if not (a == b and a in (i8x32, i8x16)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x, s = args
+        if HAVE_AVX2:
+            name = "llvm.x86.avx2.psign.b" if a == i8x32 else "llvm.x86.ssse3.psign.b.128"
+            return _call(builder, name, x.type, [x, s])
+        zero = ir.Constant(x.type, None)
+        neg = builder.select(builder.icmp_signed("<", s, zero), builder.sub(zero, x), x)
+        return builder.select(builder.icmp_signed("==", s, zero), zero, neg)
+
+    return a(a, b), codegen
+
+
+@intrinsic
+def dot4_acc(typingctx, acc, a, b):
+    """``acc + madd(splat_i16(1), maddubs(a, b))``: unsigned x signed bytes, 4 neighbours summed
+    into each int32 lane. One ``vpdpbusd`` with AVX-512 VNNI, otherwise the two-step form.
+    Equal as long as ``maddubs`` does not saturate (true for |a| <= 128, |b| <= 127)."""
+    if not (acc == i32x8 and a == i8x32 and b == i8x32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        s, x, y = args
+        v8 = ir.VectorType(_I32, 8)
+        if HAVE_VNNI:
+            return _call(builder, "llvm.x86.avx512.vpdpbusd.256", v8,
+                         [s, builder.bitcast(x, v8), builder.bitcast(y, v8)])
+        if HAVE_AVX2:
+            p16 = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", i16x16.llvm_type(), [x, y])
+        else:
+            wide = ir.VectorType(ir.IntType(16), 32)
+            p = builder.mul(builder.zext(x, wide), builder.sext(y, wide))
+            p16 = _even_odd_add(builder, p, 16, sat=True)
+        ones = ir.Constant(i16x16.llvm_type(), [1] * 16)
+        return builder.add(s, _madd_ir(builder, ones, p16, 8))
+
+    return i32x8(acc, a, b), codegen
+
+
+# ---------------------------------------------------------------------------------------------------
+# Float lanes
+# ---------------------------------------------------------------------------------------------------
+
+
+@intrinsic
+def f16x8_to_f32(typingctx, a):
+    """8 fp16 bit patterns (``<8 x i16>``) to 8 float32, exactly. F16C: ``vcvtph2ps``.
+    Portable: move exponent/mantissa into float32 position and rescale by 2**112 with one float
+    multiply (exact, and it also normalises fp16 subnormals); Inf/NaN get the all-ones exponent."""
+    if a != i16x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        f8 = f32x8.llvm_type()
+        if HAVE_F16C:
+            h = builder.bitcast(args[0], ir.VectorType(ir.HalfType(), 8))
+            return builder.fpext(h, f8)
+        v8 = ir.VectorType(_I32, 8)
+
+        def k(c):
+            return ir.Constant(v8, [c] * 8)
+
+        h = builder.zext(args[0], v8)
+        em = builder.and_(h, k(0x7FFF))
+        sign = builder.shl(builder.and_(h, k(0x8000)), k(16))
+        mag = builder.fmul(builder.bitcast(builder.shl(em, k(13)), f8),
+                           ir.Constant(f8, [float(2.0 ** 112)] * 8))
+        infnan = builder.bitcast(builder.or_(builder.shl(em, k(13)), k(0x7F800000)), f8)
+        mag = builder.select(builder.icmp_unsigned(">=", em, k(0x7C00)), infnan, mag)
+        return builder.bitcast(builder.or_(builder.bitcast(mag, v8), sign), f8)
+
+    return f32x8(a), codegen
+
+
+@intrinsic
+def bf16x8_to_f32(typingctx, a):
+    """8 bf16 bit patterns to 8 float32: bf16 is the top half of a float32."""
+    if a != i16x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        v8 = ir.VectorType(_I32, 8)
+        h = builder.shl(builder.zext(args[0], v8), ir.Constant(v8, [16] * 8))
+        return builder.bitcast(h, f32x8.llvm_type())
+
+    return f32x8(a), codegen
+
+
+@intrinsic
+def to_f32(typingctx, a):
+    """int32 lanes to float32 lanes (``vcvtdq2ps``; exact below 2**24)."""
+    if not (isinstance(a, Vec) and a.kind == "i" and a.bits == 32):
+        return None
+    out = _BY_SHAPE[("f", 32, a.count)]
+
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], out.llvm_type())
+
+    return out(a), codegen
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """``a * b + c`` per lane, or on float32 scalars: fused (one rounding, ``vfmadd``) where the
+    target has FMA, as GCC contracts GGML's C. (A ``fastmath={'contract'}`` helper would not do:
+    its flags are lost when Numba inlines it into a caller compiled without them.)"""
+    if a == b == c == types.float32:
+        def codegen(context, builder, sig, args):
+            return _call(builder, "llvm.fmuladd.f32", args[0].type, list(args))
+
+        return types.float32(a, b, c), codegen
+    if not (isinstance(a, Vec) and a.kind == "f" and a == b == c):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _call(builder, f"llvm.fmuladd.{_vname(sig.args[0])}", args[0].type, list(args))
+
+    return a(a, b, c), codegen
+
+
+@intrinsic
+def hsum_f32x8(typingctx, a):
+    """Sum of 8 float lanes in GGML's ``hsum_float_8`` order:
+    r = lo4 + hi4; then (r0 + r2) + (r1 + r3)."""
+    if a != f32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        r = builder.fadd(builder.shuffle_vector(v, v, _const_mask([0, 1, 2, 3])),
+                         builder.shuffle_vector(v, v, _const_mask([4, 5, 6, 7])))
+        return _hsum4(builder, r)
+
+    return types.float32(a), codegen
+
+
+def _hsum4(builder, r):
+    e = [builder.extract_element(r, ir.Constant(_I32, i)) for i in range(4)]
+    return builder.fadd(builder.fadd(e[0], e[2]), builder.fadd(e[1], e[3]))
+
+
+@intrinsic
+def hsum_f32x4(typingctx, a):
+    """Sum of 4 float lanes as ``(a0 + a2) + (a1 + a3)`` (GGML's movehl / movehdup reduction)."""
+    if a != f32x4:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _hsum4(builder, args[0])
+
+    return types.float32(a), codegen
+
+
+@intrinsic
+def hsum_i32(typingctx, a):
+    """Sum of all int32 lanes (order is irrelevant for integers)."""
+    if not (isinstance(a, Vec) and a.kind == "i" and a.bits == 32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v, n = args[0], sig.args[0].count
+        while n > 1:
+            n //= 2
+            v = builder.add(builder.shuffle_vector(v, v, _const_mask(range(n))),
+                            builder.shuffle_vector(v, v, _const_mask(range(n, 2 * n))))
+        return builder.extract_element(v, ir.Constant(_I32, 0))
+
+    return types.int32(a), codegen
+
+
+@intrinsic
+def lane(typingctx, a, i):
+    """Lane ``i`` of a vector as a scalar."""
+    if not (isinstance(a, Vec) and isinstance(i, types.Integer)):
+        return None
+    rt = types.float32 if a.kind == "f" else {8: types.int8, 16: types.int16, 32: types.int32}[a.bits]
+
+    def codegen(context, builder, sig, args):
+        idx = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), _I32)
+        return builder.extract_element(args[0], idx)
+
+    return rt(a, i), codegen
+
+
+# ---------------------------------------------------------------------------------------------------
+# Not SIMD, but the same escape hatch: an atomic counter for dynamic scheduling
+# ---------------------------------------------------------------------------------------------------
+
+
+@intrinsic
+def fetch_add(typingctx, arr, i, v):
+    """Atomically ``old = arr[i]; arr[i] += v; return old`` on an int64 array (LLVM ``atomicrmw
+    add``, sequentially consistent). Threads of a ``prange`` loop use it to take the next task from
+    a shared counter, so a thread that runs slower (a busy core) simply takes fewer tasks."""
+    if not (_is_array(arr) and arr.dtype == types.int64 and isinstance(i, types.Integer)
+            and isinstance(v, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        idx = context.cast(builder, args[1], sig.args[1], types.int64)
+        ptr = builder.gep(ary.data, [idx])
+        val = context.cast(builder, args[2], sig.args[2], types.int64)
+        return builder.atomic_rmw("add", ptr, val, "seq_cst")
+
+    return types.int64(arr, i, v), codegen

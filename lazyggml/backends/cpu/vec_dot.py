@@ -1,0 +1,987 @@
+"""Dot products of a weight row with an activation row: GGML's ``vec_dot`` table, for the CPU.
+
+A quantized matmul is a grid of dot products between weight rows (Q4_K, Q6_K, Q8_0, ...) and
+activation columns that were quantized ONCE, up front, to the weight type's ``vec_dot_type`` (Q8_K
+for the K-quants, Q8_0 for Q4_0/Q8_0/Q5_0, Q8_1 for Q4_1/Q5_1). Both sides then hold small
+integers, so the inner loop is integer multiply-adds, and floats appear only once per block:
+
+    Σ_blocks  d_w·d_a · Σ_sub-blocks scale_s · Σ_{e in s} q_w[e]·q_a[e]   (− the min/offset term)
+
+Three kernels per weight type, from slow and obvious to fast:
+
+``vec_dot_<w>_<a>_ref(n, x, y)``
+    GGML's ``*_generic`` C code, transcribed: scalar loops, the same integer lanes (``aux32[8]``),
+    the same float32 accumulation order, unfused multiplies. The oracle for the others.
+
+``dot_<w>_<a>(n, x, y, yo)``  (``vec_dot_<w>_<a>(n, x, y)`` = the same with yo = 0)
+    One row against one column with the SIMD vocabulary of ``simd.py``, following GGML's AVX2
+    kernel lane for lane: per block 8 int32 lanes of exact integer sums, converted once and added
+    into 8 float lanes with one FMA; the horizontal sum happens once, at the end of the row. With
+    FMA hardware the result is bit-identical to GGML's AVX2 ``ggml_vec_dot_*`` (the tests check it).
+
+``dot_cols_<w>_<a>(n, x, y, yo, ycs, ybs, nc, acc, out)``
+    One weight row against ``nc`` columns at once (column c's block i is at byte
+    ``yo + c*ycs + i*ybs`` of ``y``); ``out[c]`` receives each dot product. Each weight block
+    is unpacked (nibbles split, scales broadcast) ONCE and then used for every column, while the
+    per-column float lanes wait in the scratch array ``acc`` (``ACC_PER_COL`` float32 per column,
+    in L1). Per (row, column) it does exactly the arithmetic of ``dot_*``, so the results are
+    identical; it just skips redoing the unpacking for each column. This is what makes prefill
+    faster than GGML's column-by-column ``vec_dot`` loop (see bench/results/mul_mat_cpu.md).
+
+All rows are raw bytes (``uint8`` 1-D arrays, the weight row starting at x[0]; ``yo`` is a byte
+offset into y), in GGML's block
+layouts (docs/quant-formats.md §1). Float rows (F32/F16/BF16) are bytes too for ``vec_dot_*``;
+the matmul's float path uses ``dot_cols_f32/f16/bf16`` with typed weight rows instead.
+Q4_1/Q5_0/Q5_1/Q2_K/Q3_K have reference kernels only (``traits.py`` marks them ``fast=False``);
+the matmul runs them through those, with the same quantized activations as GGML.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ... import cache
+from . import quant, simd
+from .quant import TABLE_F32_F16 as _F16
+from .quant import fp32_to_fp16 as _fp32_to_fp16
+from .simd import (bcast_lane, bcast_pair16, bf16x8_to_f32, concat, dot4_acc, f16x8_to_f32, fma, hadd_pairs,
+                   hi_half, hsum_f32x4, hsum_f32x8, lo_half, load_f32, load_f32x8, load_i16x8, load_i16x16,
+                   load_i8x16, load_i8x32, load_u16, load_u32, madd, madd_acc, maddubs, sext, splat_f32x4,
+                   splat_f32x8, splat_i8x32, splat_i32x8, store_f32x8, to_f32, u32x4_to_i8x16, vabs, vadd, vand,
+                   vor, vsign, vsll, vsrl, vsub, zext)
+
+QK_K = 256
+# bytes per block (docs/quant-formats.md §1)
+Q4_K_SIZE, Q5_K_SIZE, Q6_K_SIZE, Q8_K_SIZE = 144, 176, 210, 292
+Q4_0_SIZE, Q8_0_SIZE = 18, 34
+
+_ref = njit(cache=True)
+_fast = njit(cache=True)
+#: floats of per-column scratch that ``dot_cols_*`` needs in ``acc``
+ACC_PER_COL = 16
+
+
+# =================================================================================================
+# Activation quantizers of GGML's CPU backend (type_traits_cpu[].from_float)
+# =================================================================================================
+# Q8_K: x86 GGML calls the reference quantizer (quant.quantize_row_q8_K). Q8_0/Q8_1: the AVX2
+# code differs from quantize_row_q8_0_ref (quant.py) in two ways that change a few quants: it
+# multiplies by id = 127/amax instead of 1/d, and rounds half to EVEN (_mm256_round_ps) instead of
+# half away from zero. Matching it keeps us within ~1e-7 of GGML instead of ~1e-4.
+
+@_ref
+def _q8_block_cpu(x, xo, y, yo):
+    amax = np.float32(0.0)
+    for j in range(32):
+        amax = max(amax, abs(x[xo + j]))
+    d = amax / np.float32(127.0)
+    idd = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+    qsum = 0
+    for j in range(32):
+        q = np.int32(np.rint(x[xo + j] * idd))
+        y[yo + j] = q & 0xFF
+        qsum += q
+    return d, qsum
+
+
+@_ref
+def _store_f16(y, o, f):
+    h = _fp32_to_fp16(f)
+    y[o] = h & 0xFF
+    y[o + 1] = h >> 8
+
+
+@_ref
+def quantize_row_q8_0_cpu(x, y):
+    """x (float32[n]) -> Q8_0 row y, as GGML's x86 AVX2 quantize_row_q8_0."""
+    for i in range(x.shape[0] // 32):
+        d, _ = _q8_block_cpu(x, 32 * i, y, Q8_0_SIZE * i + 2)
+        _store_f16(y, Q8_0_SIZE * i, d)
+
+
+@_ref
+def quantize_row_q8_1_cpu(x, y):
+    """x (float32[n]) -> Q8_1 row y (d, s = d*Σq, qs), as GGML's x86 AVX2 quantize_row_q8_1."""
+    for i in range(x.shape[0] // 32):
+        d, qsum = _q8_block_cpu(x, 32 * i, y, 36 * i + 4)
+        _store_f16(y, 36 * i, d)
+        _store_f16(y, 36 * i + 2, d * np.float32(qsum))
+
+
+# =================================================================================================
+# Scalar byte readers for the reference kernels (plain code, no SIMD)
+# =================================================================================================
+
+@_ref
+def _u8(b, o):
+    return np.int32(b[o])
+
+
+@_ref
+def _i8(b, o):
+    v = np.int32(b[o])
+    return v - ((v & 0x80) << 1)
+
+
+@_ref
+def _i16(b, o):
+    v = np.int32(b[o]) | (np.int32(b[o + 1]) << 8)
+    return v - ((v & 0x8000) << 1)
+
+
+@_ref
+def _u32(b, o):
+    return (np.uint32(b[o]) | (np.uint32(b[o + 1]) << 8) | (np.uint32(b[o + 2]) << 16)
+            | (np.uint32(b[o + 3]) << 24))
+
+
+@_ref
+def _f16(b, o):
+    return _F16[np.int32(b[o]) | (np.int32(b[o + 1]) << 8)]
+
+
+@_ref
+def _f32(b, o):
+    return np.uint32(_u32(b, o)).view(np.float32)
+
+
+@_ref
+def _bf16(b, o):
+    return np.uint32((np.uint32(b[o]) | (np.uint32(b[o + 1]) << 8)) << 16).view(np.float32)
+
+
+@_ref
+def _scales_mins_k4(x, o, sc, mn):
+    """The 8 six-bit scales and 8 mins of a Q4_K/Q5_K block (12 bytes at x[o]) with the 32-bit
+    trick of docs/quant-formats.md §2: four words whose 16 bytes are sc0..sc7, m0..m7."""
+    u0, u1, u2 = _u32(x, o), _u32(x, o + 4), _u32(x, o + 8)
+    w = (u0 & 0x3F3F3F3F,
+         (u2 & 0x0F0F0F0F) | (((u0 >> 6) & 0x03030303) << 4),
+         u1 & 0x3F3F3F3F,
+         ((u2 >> 4) & 0x0F0F0F0F) | (((u1 >> 6) & 0x03030303) << 4))
+    for k in range(4):
+        for b in range(4):
+            v = np.int32((w[k] >> (8 * b)) & 0xFF)
+            if k < 2:
+                sc[4 * k + b] = v
+            else:
+                mn[4 * (k - 2) + b] = v
+
+
+# =================================================================================================
+# Reference kernels: GGML's *_generic, same integer lanes and float order, unfused
+# =================================================================================================
+
+@_ref
+def _k_lanes_ref(a, y, yo, scale_of, nsub, aux32):
+    """aux32[l] += scale * (q8·a) over groups of 8 elements, GGML's generic K-quant inner loop:
+    element e goes to lane e % 8 with the scale of its sub-block (e // (256 // nsub))."""
+    per = QK_K // nsub
+    for e0 in range(0, QK_K, 8):
+        scale = scale_of[e0 // per]
+        for l in range(8):
+            aux32[l] += scale * (_i8(y, yo + 4 + e0 + l) * a[e0 + l])
+
+
+@_ref
+def _k4_block_ref(x, xo, y, yo, a, sc, mn, aux32, sums):
+    """The part of GGML's generic Q4_K/Q5_K dot products after the quants are unpacked into ``a``:
+    the scale term goes into the 8 float lanes ``sums``; the min term is returned, to subtract."""
+    _scales_mins_k4(x, xo + 4, sc, mn)
+    sumi = 0
+    for j in range(16):
+        sumi += _i16(y, yo + 260 + 2 * j) * mn[j // 2]
+    aux32[:] = 0
+    _k_lanes_ref(a, y, yo, sc, 8, aux32)
+    d = _f16(x, xo) * _f32(y, yo)
+    for l in range(8):
+        sums[l] += d * np.float32(aux32[l])
+    dmin = _f16(x, xo + 2) * _f32(y, yo)
+    return dmin * np.float32(sumi)
+
+
+@_ref
+def vec_dot_q4_K_q8_K_ref(n, x, y):
+    """ggml_vec_dot_q4_K_q8_K_generic (docs/quant-formats.md §5.2)."""
+    nb = n // QK_K
+    a = np.empty(QK_K, np.int32)
+    sc = np.empty(8, np.int32)
+    mn = np.empty(8, np.int32)
+    aux32 = np.empty(8, np.int32)
+    sums = np.zeros(8, np.float32)
+    sumf = np.float32(0.0)
+    for i in range(nb):
+        xo, yo = i * Q4_K_SIZE, i * Q8_K_SIZE
+        for j in range(4):  # chunk j: low nibbles = sub-block 2j, high nibbles = 2j+1
+            for l in range(32):
+                q = _u8(x, xo + 16 + 32 * j + l)
+                a[64 * j + l] = q & 0xF
+                a[64 * j + 32 + l] = q >> 4
+        sumf -= _k4_block_ref(x, xo, y, yo, a, sc, mn, aux32, sums)
+    for l in range(8):
+        sumf += sums[l]
+    return sumf
+
+
+@_ref
+def vec_dot_q5_K_q8_K_ref(n, x, y):
+    """ggml_vec_dot_q5_K_q8_K_generic: Q4_K plus a fifth bit from qh (docs/quant-formats.md §1.7)."""
+    nb = n // QK_K
+    a = np.empty(QK_K, np.int32)
+    sc = np.empty(8, np.int32)
+    mn = np.empty(8, np.int32)
+    aux32 = np.empty(8, np.int32)
+    sums = np.zeros(8, np.float32)
+    sumf = np.float32(0.0)
+    for i in range(nb):
+        xo, yo = i * Q5_K_SIZE, i * Q8_K_SIZE
+        for j in range(4):
+            for l in range(32):
+                q = _u8(x, xo + 48 + 32 * j + l)
+                h = _u8(x, xo + 16 + l)
+                a[64 * j + l] = (q & 0xF) + (16 if (h >> (2 * j)) & 1 else 0)
+                a[64 * j + 32 + l] = (q >> 4) + (16 if (h >> (2 * j + 1)) & 1 else 0)
+        sumf -= _k4_block_ref(x, xo, y, yo, a, sc, mn, aux32, sums)
+    for l in range(8):
+        sumf += sums[l]
+    return sumf
+
+
+@_ref
+def vec_dot_q6_K_q8_K_ref(n, x, y):
+    """ggml_vec_dot_q6_K_q8_K_generic: 16 sub-blocks of 16 with int8 scales, q − 32 (docs/quant-formats.md §1.8)."""
+    nb = n // QK_K
+    a = np.empty(QK_K, np.int32)
+    sc = np.empty(16, np.int32)
+    aux32 = np.empty(8, np.int32)
+    sums = np.zeros(8, np.float32)
+    sumf = np.float32(0.0)
+    for i in range(nb):
+        xo, yo = i * Q6_K_SIZE, i * Q8_K_SIZE
+        for h in range(2):  # two halves of 128 elements
+            ql, qh = xo + 64 * h, xo + 128 + 32 * h
+            for l in range(32):
+                q1, q2, hh = _u8(x, ql + l), _u8(x, ql + 32 + l), _u8(x, qh + l)
+                a[128 * h + l] = ((q1 & 0xF) | (((hh >> 0) & 3) << 4)) - 32
+                a[128 * h + l + 32] = ((q2 & 0xF) | (((hh >> 2) & 3) << 4)) - 32
+                a[128 * h + l + 64] = ((q1 >> 4) | (((hh >> 4) & 3) << 4)) - 32
+                a[128 * h + l + 96] = ((q2 >> 4) | (((hh >> 6) & 3) << 4)) - 32
+        for s in range(16):
+            sc[s] = _i8(x, xo + 192 + s)
+        aux32[:] = 0
+        _k_lanes_ref(a, y, yo, sc, 16, aux32)
+        d = _f16(x, xo + 208) * _f32(y, yo)
+        for l in range(8):
+            sums[l] += d * np.float32(aux32[l])
+    for l in range(8):
+        sumf += sums[l]
+    return sumf
+
+
+@_ref
+def vec_dot_q2_K_q8_K_ref(n, x, y):
+    """ggml_vec_dot_q2_K_q8_K_generic. block_q2_K (84 B): scales[16] @0 (low nibble = scale,
+    high = min of a 16-element sub-block), qs[64] @16 (2-bit quants), d @80, dmin @82."""
+    sumf = np.float32(0.0)
+    for i in range(n // QK_K):
+        xo, yo = i * 84, i * Q8_K_SIZE
+        summs = 0
+        for j in range(16):
+            summs += _i16(y, yo + 260 + 2 * j) * (_u8(x, xo + j) >> 4)
+        dall = _f32(y, yo) * _f16(x, xo + 80)
+        dmin = _f32(y, yo) * _f16(x, xo + 82)
+        isum = 0
+        s = 0
+        for k in range(2):           # two halves of 128 elements, 32 qs bytes each
+            for j in range(4):       # shift 2j picks the 32-element group
+                for half in range(2):
+                    d = _u8(x, xo + s) & 0xF
+                    s += 1
+                    isuml = 0
+                    for l in range(16 * half, 16 * half + 16):
+                        q = (_u8(x, xo + 16 + 32 * k + l) >> (2 * j)) & 3
+                        isuml += _i8(y, yo + 4 + 128 * k + 32 * j + l) * q
+                    isum += d * isuml
+        sumf += dall * np.float32(isum) - dmin * np.float32(summs)
+    return sumf
+
+
+@_ref
+def vec_dot_q3_K_q8_K_ref(n, x, y):
+    """ggml_vec_dot_q3_K_q8_K_generic. block_q3_K (110 B): hmask[32] @0, qs[64] @32,
+    scales[12] @96 (6-bit, minus 32), d @108; q = (2 low bits) − (4 if the hmask bit is clear)."""
+    nb = n // QK_K
+    a = np.empty(QK_K, np.int32)
+    sc = np.empty(16, np.int32)
+    aux32 = np.empty(8, np.int32)
+    sums = np.zeros(8, np.float32)
+    sumf = np.float32(0.0)
+    for i in range(nb):
+        xo, yo = i * 110, i * Q8_K_SIZE
+        m = 0
+        for j in range(2):
+            for g in range(4):
+                for l in range(32):
+                    q = (_u8(x, xo + 32 + 32 * j + l) >> (2 * g)) & 3
+                    a[128 * j + 32 * g + l] = q - (0 if (_u8(x, xo + l) >> m) & 1 else 4)
+                m += 1
+        for j in range(16):
+            lo = (_u8(x, xo + 96 + j) & 0xF) if j < 8 else (_u8(x, xo + 96 + j - 8) >> 4)
+            hi = (_u8(x, xo + 104 + j % 4) >> (2 * (j // 4))) & 3
+            sc[j] = (lo | (hi << 4)) - 32
+        aux32[:] = 0
+        _k_lanes_ref(a, y, yo, sc, 16, aux32)
+        d = _f16(x, xo + 108) * _f32(y, yo)
+        for l in range(8):
+            sums[l] += d * np.float32(aux32[l])
+    for l in range(8):
+        sumf += sums[l]
+    return sumf
+
+
+@_ref
+def vec_dot_q8_0_q8_0_ref(n, x, y):
+    """ggml_vec_dot_q8_0_q8_0_generic: sumf += sumi * (dx*dy), block by block."""
+    sumf = np.float32(0.0)
+    for i in range(n // 32):
+        xo, yo = i * Q8_0_SIZE, i * Q8_0_SIZE
+        sumi = 0
+        for j in range(32):
+            sumi += _i8(x, xo + 2 + j) * _i8(y, yo + 2 + j)
+        sumf += np.float32(sumi) * (_f16(x, xo) * _f16(y, yo))
+    return sumf
+
+
+@_ref
+def vec_dot_q4_0_q8_0_ref(n, x, y):
+    """ggml_vec_dot_q4_0_q8_0_generic: element j = low nibble of qs[j] − 8, element j+16 = high
+    nibble − 8; sumf += sumi*dx*dy (left to right)."""
+    sumf = np.float32(0.0)
+    for i in range(n // 32):
+        xo, yo = i * Q4_0_SIZE, i * Q8_0_SIZE
+        s0 = 0
+        s1 = 0
+        for j in range(16):
+            q = _u8(x, xo + 2 + j)
+            s0 += ((q & 0xF) - 8) * _i8(y, yo + 2 + j)
+            s1 += ((q >> 4) - 8) * _i8(y, yo + 2 + j + 16)
+        sumf += np.float32(s0 + s1) * _f16(x, xo) * _f16(y, yo)
+    return sumf
+
+
+@_ref
+def vec_dot_q4_1_q8_1_ref(n, x, y):
+    """ggml_vec_dot_q4_1_q8_1_generic: block_q4_1 = d, m (fp16), qs[16]; x = d*q + m.
+    sumf += (dx*dy)*sumi + mx*sy, where sy is the q8_1 block's stored d*Σq."""
+    sumf = np.float32(0.0)
+    for i in range(n // 32):
+        xo, yo = i * 20, i * 36
+        s0 = 0
+        s1 = 0
+        for j in range(16):
+            q = _u8(x, xo + 4 + j)
+            s0 += (q & 0xF) * _i8(y, yo + 4 + j)
+            s1 += (q >> 4) * _i8(y, yo + 4 + j + 16)
+        sumf += (_f16(x, xo) * _f16(y, yo)) * np.float32(s0 + s1) + _f16(x, xo + 2) * _f16(y, yo + 2)
+    return sumf
+
+
+@_ref
+def vec_dot_q5_0_q8_0_ref(n, x, y):
+    """ggml_vec_dot_q5_0_q8_0_generic: block_q5_0 = d (fp16), qh (u32), qs[16]; 5-bit q − 16."""
+    sumf = np.float32(0.0)
+    for i in range(n // 32):
+        xo, yo = i * 22, i * Q8_0_SIZE
+        qh = _u32(x, xo + 2)
+        s0 = 0
+        s1 = 0
+        for j in range(16):
+            q = _u8(x, xo + 6 + j)
+            xh0 = np.int32(((qh >> j) << 4) & 0x10)
+            xh1 = np.int32((qh >> (j + 12)) & 0x10)
+            s0 += (((q & 0xF) | xh0) - 16) * _i8(y, yo + 2 + j)
+            s1 += (((q >> 4) | xh1) - 16) * _i8(y, yo + 2 + j + 16)
+        sumf += (_f16(x, xo) * _f16(y, yo)) * np.float32(s0 + s1)
+    return sumf
+
+
+@_ref
+def vec_dot_q5_1_q8_1_ref(n, x, y):
+    """ggml_vec_dot_q5_1_q8_1_generic: block_q5_1 = d, m (fp16), qh (u32), qs[16]."""
+    sumf = np.float32(0.0)
+    for i in range(n // 32):
+        xo, yo = i * 24, i * 36
+        qh = _u32(x, xo + 4)
+        s0 = 0
+        s1 = 0
+        for j in range(16):
+            q = _u8(x, xo + 8 + j)
+            xh0 = np.int32(((qh >> j) << 4) & 0x10)
+            xh1 = np.int32((qh >> (j + 12)) & 0x10)
+            s0 += ((q & 0xF) | xh0) * _i8(y, yo + 4 + j)
+            s1 += ((q >> 4) | xh1) * _i8(y, yo + 4 + j + 16)
+        sumf += (_f16(x, xo) * _f16(y, yo)) * np.float32(s0 + s1) + _f16(x, xo + 2) * _f16(y, yo + 2)
+    return sumf
+
+
+@_ref
+def vec_dot_f32_ref(n, x, y):
+    """Sequential float32 dot of two F32 rows (bytes). GGML's SIMD version sums in lanes: the
+    two differ by rounding only."""
+    s = np.float32(0.0)
+    for i in range(n):
+        s += _f32(x, 4 * i) * _f32(y, 4 * i)
+    return s
+
+
+@_ref
+def vec_dot_f16_ref(n, x, y):
+    """ggml_vec_dot_f16's scalar tail: products of decoded halves summed in float64
+    (ggml_float), returned as float32."""
+    s = 0.0
+    for i in range(n):
+        s += np.float64(_f16(x, 2 * i)) * np.float64(_f16(y, 2 * i))
+    return np.float32(s)
+
+
+@_ref
+def vec_dot_bf16_ref(n, x, y):
+    """ggml_vec_dot_bf16's scalar tail: float64 sum of decoded products."""
+    s = 0.0
+    for i in range(n):
+        s += np.float64(_bf16(x, 2 * i)) * np.float64(_bf16(y, 2 * i))
+    return np.float32(s)
+
+
+# =================================================================================================
+# Fast kernels. Shared pieces first: each is a few vector instructions, inlined.
+# =================================================================================================
+
+@njit(inline="always")
+def _k4_scales_mins(x, o):
+    """The 12 scale bytes of Q4_K/Q5_K at x[o] -> <16 x i16>: lanes 0-7 = sc0..7, 8-15 = m0..7
+    (GGML: memcpy + the 32-bit trick + _mm256_cvtepu8_epi16)."""
+    u0 = load_u32(x, o)
+    u1 = load_u32(x, o + 4)
+    u2 = load_u32(x, o + 8)
+    w0 = u0 & 0x3F3F3F3F
+    w1 = (u2 & 0x0F0F0F0F) | (((u0 >> 6) & 0x03030303) << 4)
+    w2 = u1 & 0x3F3F3F3F
+    w3 = ((u2 >> 4) & 0x0F0F0F0F) | (((u1 >> 6) & 0x03030303) << 4)
+    return zext(u32x4_to_i8x16(w0, w1, w2, w3))
+
+
+@njit(inline="always")
+def _k4_min_prod(mins, y, yb):
+    """4 int32 lanes m[2u]·q8s[2u] + m[2u+1]·q8s[2u+1], where q8s[s] = bsums[2s] + bsums[2s+1] is
+    the sum of the 32 activations of sub-block s (GGML: _mm_hadd_epi16 + _mm_madd_epi16)."""
+    return madd(mins, hadd_pairs(load_i16x16(y, yb + 260)))
+
+
+@njit(inline="always")
+def _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, ms):
+    """Σ_s sc_s · Σ_{e in s} q[e]·q8[e] for one Q4_K/Q5_K block, as 8 int32 lanes. l_j/h_j are
+    the 32 unsigned quants of sub-blocks 2j/2j+1; each maddubs multiplies 32 of them with 32 int8
+    activations into 16 int16 pair sums, and madd weights those by the sub-block's scale into
+    8 int32 lanes (madd_acc: accumulate in the same instruction with VNNI)."""
+    sumi = madd(bcast_lane(ms, 0), maddubs(l0, load_i8x32(y, yb + 4)))
+    sumi = madd_acc(sumi, bcast_lane(ms, 1), maddubs(h0, load_i8x32(y, yb + 36)))
+    sumi = madd_acc(sumi, bcast_lane(ms, 2), maddubs(l1, load_i8x32(y, yb + 68)))
+    sumi = madd_acc(sumi, bcast_lane(ms, 3), maddubs(h1, load_i8x32(y, yb + 100)))
+    sumi = madd_acc(sumi, bcast_lane(ms, 4), maddubs(l2, load_i8x32(y, yb + 132)))
+    sumi = madd_acc(sumi, bcast_lane(ms, 5), maddubs(h2, load_i8x32(y, yb + 164)))
+    sumi = madd_acc(sumi, bcast_lane(ms, 6), maddubs(l3, load_i8x32(y, yb + 196)))
+    sumi = madd_acc(sumi, bcast_lane(ms, 7), maddubs(h3, load_i8x32(y, yb + 228)))
+    return sumi
+
+
+@njit(inline="always")
+def _q4_K_unpack(x, xb):
+    """Nibbles of one Q4_K block: chunk j's 32 bytes give sub-block 2j (low) and 2j+1 (high)."""
+    m4 = splat_i8x32(0xF)
+    q0 = load_i8x32(x, xb + 16)
+    q1 = load_i8x32(x, xb + 48)
+    q2 = load_i8x32(x, xb + 80)
+    q3 = load_i8x32(x, xb + 112)
+    return (vand(q0, m4), vand(vsrl(q0, 4), m4), vand(q1, m4), vand(vsrl(q1, 4), m4),
+            vand(q2, m4), vand(vsrl(q2, 4), m4), vand(q3, m4), vand(vsrl(q3, 4), m4))
+
+
+@njit(inline="always")
+def _q5_K_unpack(x, xb):
+    """Q4_K's nibbles plus bit 2j (low) / 2j+1 (high) of qh[l] as +16."""
+    m4 = splat_i8x32(0xF)
+    b4 = splat_i8x32(0x10)
+    hb = load_i8x32(x, xb + 16)
+    q0 = load_i8x32(x, xb + 48)
+    q1 = load_i8x32(x, xb + 80)
+    q2 = load_i8x32(x, xb + 112)
+    q3 = load_i8x32(x, xb + 144)
+    return (vor(vand(q0, m4), vand(vsll(hb, 4), b4)), vor(vand(vsrl(q0, 4), m4), vand(vsll(hb, 3), b4)),
+            vor(vand(q1, m4), vand(vsll(hb, 2), b4)), vor(vand(vsrl(q1, 4), m4), vand(vsll(hb, 1), b4)),
+            vor(vand(q2, m4), vand(hb, b4)), vor(vand(vsrl(q2, 4), m4), vand(vsrl(hb, 1), b4)),
+            vor(vand(q3, m4), vand(vsrl(hb, 2), b4)), vor(vand(vsrl(q3, 4), m4), vand(vsrl(hb, 3), b4)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Q4_K x Q8_K
+# ------------------------------------------------------------------------------------------------
+
+@_fast
+def dot_q4_K_q8_K(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_q4_K_q8_K, lane for lane (docs/quant-formats.md §5.3)."""
+    acc = splat_f32x8(0.0)     # 8 float lanes: the scale term, across blocks
+    acc_m = splat_f32x4(0.0)   # 4 float lanes: the min term
+    for i in range(n // QK_K):
+        xb = i * Q4_K_SIZE
+        yb = yo + i * Q8_K_SIZE
+        yd = load_f32(y, yb)
+        d = yd * _F16[load_u16(x, xb)]
+        dmin = -yd * _F16[load_u16(x, xb + 2)]   # sign folded in, so the min term is an FMA too
+        ms = _k4_scales_mins(x, xb + 4)
+        acc_m = fma(splat_f32x4(dmin), to_f32(_k4_min_prod(hi_half(ms), y, yb)), acc_m)
+        l0, h0, l1, h1, l2, h2, l3, h3 = _q4_K_unpack(x, xb)
+        sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, ms)
+        acc = fma(splat_f32x8(d), to_f32(sumi), acc)
+    return hsum_f32x8(acc) + hsum_f32x4(acc_m)
+
+
+@_fast
+def vec_dot_q4_K_q8_K(n, x, y):
+    return dot_q4_K_q8_K(n, x, y, n - n)  # a non-literal 0: the matmul's specialization
+
+
+@_fast
+def dot_cols_q4_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
+    """dot_q4_K_q8_K of one weight row with nc columns; per column, acc holds 8 scale lanes at
+    [16c, 16c+8) and 4 min lanes at [16c+8, 16c+12)."""
+    zero = splat_f32x8(0.0)
+    for c in range(nc):
+        store_f32x8(acc, 64 * c, zero)
+        store_f32x8(acc, 64 * c + 32, zero)
+    for i in range(n // QK_K):
+        xb = i * Q4_K_SIZE
+        xd = _F16[load_u16(x, xb)]
+        xdmin = _F16[load_u16(x, xb + 2)]
+        ms = _k4_scales_mins(x, xb + 4)
+        mins = hi_half(ms)
+        l0, h0, l1, h1, l2, h2, l3, h3 = _q4_K_unpack(x, xb)
+        for c in range(nc):
+            yb = yo + c * ycs + i * ybs
+            yd = load_f32(y, yb)
+            am = lo_half(load_f32x8(acc, 64 * c + 32))
+            am = fma(splat_f32x4(-yd * xdmin), to_f32(_k4_min_prod(mins, y, yb)), am)
+            sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, ms)
+            a = fma(splat_f32x8(yd * xd), to_f32(sumi), load_f32x8(acc, 64 * c))
+            store_f32x8(acc, 64 * c, a)
+            store_f32x8(acc, 64 * c + 32, concat(am, am))
+    for c in range(nc):
+        out[c] = (hsum_f32x8(load_f32x8(acc, 64 * c))
+                       + hsum_f32x4(lo_half(load_f32x8(acc, 64 * c + 32))))
+
+
+# ------------------------------------------------------------------------------------------------
+# Q5_K x Q8_K: Q4_K with a fifth bit; GGML's AVX2 kernel sums the min term as a scalar
+# ------------------------------------------------------------------------------------------------
+
+@_fast
+def dot_q5_K_q8_K(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_q5_K_q8_K, lane for lane."""
+    acc = splat_f32x8(0.0)
+    summs = np.float32(0.0)
+    for i in range(n // QK_K):
+        xb = i * Q5_K_SIZE
+        yb = yo + i * Q8_K_SIZE
+        yd = load_f32(y, yb)
+        d = yd * _F16[load_u16(x, xb)]
+        dmin = -yd * _F16[load_u16(x, xb + 2)]
+        ms = _k4_scales_mins(x, xb + 4)
+        summs = _fmaf(dmin, np.float32(simd.hsum_i32(_k4_min_prod(hi_half(ms), y, yb))), summs)
+        l0, h0, l1, h1, l2, h2, l3, h3 = _q5_K_unpack(x, xb)
+        sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, ms)
+        acc = fma(splat_f32x8(d), to_f32(sumi), acc)
+    return hsum_f32x8(acc) + summs
+
+
+@_fast
+def vec_dot_q5_K_q8_K(n, x, y):
+    return dot_q5_K_q8_K(n, x, y, n - n)  # a non-literal 0: the matmul's specialization
+
+
+@_fast
+def dot_cols_q5_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
+    """dot_q5_K_q8_K with nc columns; acc[16c+8] holds column c's scalar min term."""
+    zero = splat_f32x8(0.0)
+    for c in range(nc):
+        store_f32x8(acc, 64 * c, zero)
+        store_f32x8(acc, 64 * c + 32, zero)
+    for i in range(n // QK_K):
+        xb = i * Q5_K_SIZE
+        xd = _F16[load_u16(x, xb)]
+        xdmin = _F16[load_u16(x, xb + 2)]
+        ms = _k4_scales_mins(x, xb + 4)
+        mins = hi_half(ms)
+        l0, h0, l1, h1, l2, h2, l3, h3 = _q5_K_unpack(x, xb)
+        for c in range(nc):
+            yb = yo + c * ycs + i * ybs
+            yd = load_f32(y, yb)
+            pm = np.float32(simd.hsum_i32(_k4_min_prod(mins, y, yb)))
+            acc[16 * c + 8] = _fmaf(-yd * xdmin, pm, acc[16 * c + 8])
+            sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, ms)
+            store_f32x8(acc, 64 * c, fma(splat_f32x8(yd * xd), to_f32(sumi), load_f32x8(acc, 64 * c)))
+    for c in range(nc):
+        out[c] = hsum_f32x8(load_f32x8(acc, 64 * c)) + acc[16 * c + 8]
+
+
+@njit(inline="always")
+def _fmaf(a, b, c):
+    """a*b + c on float32 scalars, fused where the target has FMA: GCC contracts GGML's C
+    ``summs += dmin * x`` the same way."""
+    return fma(np.float32(a), np.float32(b), np.float32(c))
+
+
+# ------------------------------------------------------------------------------------------------
+# Q6_K x Q8_K: 6-bit unsigned q (0..63), 16 int8 scales; the −32 goes through the bsums
+# ------------------------------------------------------------------------------------------------
+
+@njit(inline="always")
+def _q6_K_unpack(x, xb, h):
+    """The 4 vectors of 32 six-bit quants (0..63) of half h (128 elements): element l, l+32, l+64,
+    l+96 of the half (docs/quant-formats.md §1.8); low 4 bits from ql, high 2 bits from qh."""
+    m4 = splat_i8x32(0xF)
+    m3 = splat_i8x32(0x3)
+    b1 = load_i8x32(x, xb + 64 * h)
+    b2 = load_i8x32(x, xb + 64 * h + 32)
+    bh = load_i8x32(x, xb + 128 + 32 * h)
+    return (vor(vand(b1, m4), vsll(vand(bh, m3), 4)),
+            vor(vand(b2, m4), vsll(vand(vsrl(bh, 2), m3), 4)),
+            vor(vand(vsrl(b1, 4), m4), vsll(vand(vsrl(bh, 4), m3), 4)),
+            vor(vand(vsrl(b2, 4), m4), vsll(vand(vsrl(bh, 6), m3), 4)))
+
+
+@njit(inline="always")
+def _q6_K_half(sumi, y, yb, h, q0, q1, q2, q3, sc16):
+    """Add half h's Σ sc·q·q8: each 32-element vector spans 2 sub-blocks of 16, so its scale
+    vector carries sc[2k] in lanes 0-7 and sc[2k+1] in lanes 8-15 (bcast_pair16)."""
+    o = yb + 4 + 128 * h
+    sumi = madd_acc(sumi, bcast_pair16(sc16, 8 * h + 0), maddubs(q0, load_i8x32(y, o)))
+    sumi = madd_acc(sumi, bcast_pair16(sc16, 8 * h + 2), maddubs(q1, load_i8x32(y, o + 32)))
+    sumi = madd_acc(sumi, bcast_pair16(sc16, 8 * h + 4), maddubs(q2, load_i8x32(y, o + 64)))
+    sumi = madd_acc(sumi, bcast_pair16(sc16, 8 * h + 6), maddubs(q3, load_i8x32(y, o + 96)))
+    return sumi
+
+
+@njit(inline="always")
+def _q6_K_sumi(y, yb, a0, a1, a2, a3, b0, b1, b2, b3, sc16):
+    """8 int32 lanes of Σ sc·(q−32)·q8 for one block: GGML computes Σ sc·q·q8 and subtracts
+    32·Σ_s sc_s·bsum_s (madd of bsums and scales, shifted left by 5)."""
+    corr = vsll(madd(load_i16x16(y, yb + 260), sc16), 5)
+    sumi = _q6_K_half(splat_i32x8(0), y, yb, 0, a0, a1, a2, a3, sc16)
+    sumi = _q6_K_half(sumi, y, yb, 1, b0, b1, b2, b3, sc16)
+    return vsub(sumi, corr)
+
+
+@_fast
+def dot_q6_K_q8_K(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_q6_K_q8_K, lane for lane."""
+    acc = splat_f32x8(0.0)
+    for i in range(n // QK_K):
+        xb = i * Q6_K_SIZE
+        yb = yo + i * Q8_K_SIZE
+        d = load_f32(y, yb) * _F16[load_u16(x, xb + 208)]
+        sc16 = sext(load_i8x16(x, xb + 192))
+        a0, a1, a2, a3 = _q6_K_unpack(x, xb, 0)
+        b0, b1, b2, b3 = _q6_K_unpack(x, xb, 1)
+        sumi = _q6_K_sumi(y, yb, a0, a1, a2, a3, b0, b1, b2, b3, sc16)
+        acc = fma(splat_f32x8(d), to_f32(sumi), acc)
+    return hsum_f32x8(acc)
+
+
+@_fast
+def vec_dot_q6_K_q8_K(n, x, y):
+    return dot_q6_K_q8_K(n, x, y, n - n)  # a non-literal 0: the matmul's specialization
+
+
+@_fast
+def dot_cols_q6_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
+    zero = splat_f32x8(0.0)
+    for c in range(nc):
+        store_f32x8(acc, 64 * c, zero)
+    for i in range(n // QK_K):
+        xb = i * Q6_K_SIZE
+        xd = _F16[load_u16(x, xb + 208)]
+        sc16 = sext(load_i8x16(x, xb + 192))
+        a0, a1, a2, a3 = _q6_K_unpack(x, xb, 0)
+        b0, b1, b2, b3 = _q6_K_unpack(x, xb, 1)
+        for c in range(nc):
+            yb = yo + c * ycs + i * ybs
+            sumi = _q6_K_sumi(y, yb, a0, a1, a2, a3, b0, b1, b2, b3, sc16)
+            a = fma(splat_f32x8(load_f32(y, yb) * xd), to_f32(sumi), load_f32x8(acc, 64 * c))
+            store_f32x8(acc, 64 * c, a)
+    for c in range(nc):
+        out[c] = hsum_f32x8(load_f32x8(acc, 64 * c))
+
+
+# ------------------------------------------------------------------------------------------------
+# Q8_0 x Q8_0 and Q4_0 x Q8_0: 32-element blocks, signed x signed bytes
+# ------------------------------------------------------------------------------------------------
+
+@njit(inline="always")
+def _q8_block_f32(ax, sx, qy):
+    """float(Σ_4 x·y) in 8 lanes: x·y = |x|·sign(y, x), an unsigned x signed product
+    (GGML's mul_sum_i8_pairs_float; with VNNI one vpdpbusd)."""
+    return to_f32(dot4_acc(splat_i32x8(0), ax, vsign(qy, sx)))
+
+
+@njit(inline="always")
+def _q4_0_unpack(x, xb):
+    """Q4_0's 16 bytes -> 32 signed quants: low nibbles are elements 0-15, high 16-31, minus 8."""
+    raw = load_i8x16(x, xb + 2)
+    m4 = simd.splat_i8x16(0xF)
+    q = concat(vand(raw, m4), vand(vsrl(raw, 4), m4))
+    return vsub(q, splat_i8x32(8))
+
+
+@_fast
+def dot_q8_0_q8_0(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_q8_0_q8_0: acc = fma(dx*dy, float(lanes), acc) per block."""
+    acc = splat_f32x8(0.0)
+    for i in range(n // 32):
+        xb = i * Q8_0_SIZE
+        yb = yo + i * Q8_0_SIZE
+        d = _F16[load_u16(x, xb)] * _F16[load_u16(y, yb)]
+        qx = load_i8x32(x, xb + 2)
+        acc = fma(splat_f32x8(d), _q8_block_f32(vabs(qx), qx, load_i8x32(y, yb + 2)), acc)
+    return hsum_f32x8(acc)
+
+
+@_fast
+def vec_dot_q8_0_q8_0(n, x, y):
+    return dot_q8_0_q8_0(n, x, y, n - n)  # a non-literal 0: the matmul's specialization
+
+
+@_fast
+def dot_q4_0_q8_0(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_q4_0_q8_0."""
+    acc = splat_f32x8(0.0)
+    for i in range(n // 32):
+        xb = i * Q4_0_SIZE
+        yb = yo + i * Q8_0_SIZE
+        d = _F16[load_u16(x, xb)] * _F16[load_u16(y, yb)]
+        qx = _q4_0_unpack(x, xb)
+        acc = fma(splat_f32x8(d), _q8_block_f32(vabs(qx), qx, load_i8x32(y, yb + 2)), acc)
+    return hsum_f32x8(acc)
+
+
+@_fast
+def vec_dot_q4_0_q8_0(n, x, y):
+    return dot_q4_0_q8_0(n, x, y, n - n)  # a non-literal 0: the matmul's specialization
+
+
+@njit(inline="always")
+def _q8_0_cols_4(x, xb0, xbs, y, yb0, ybs, ycs, nc, acc, q4):
+    """4 consecutive weight blocks (Q8_0 or, with q4, Q4_0) against nc columns: the 4 weight
+    blocks are unpacked once; each column's 8 float lanes are loaded and stored once."""
+    if q4:
+        x0 = _q4_0_unpack(x, xb0)
+        x1 = _q4_0_unpack(x, xb0 + xbs)
+        x2 = _q4_0_unpack(x, xb0 + 2 * xbs)
+        x3 = _q4_0_unpack(x, xb0 + 3 * xbs)
+    else:
+        x0 = load_i8x32(x, xb0 + 2)
+        x1 = load_i8x32(x, xb0 + xbs + 2)
+        x2 = load_i8x32(x, xb0 + 2 * xbs + 2)
+        x3 = load_i8x32(x, xb0 + 3 * xbs + 2)
+    a0, a1, a2, a3 = vabs(x0), vabs(x1), vabs(x2), vabs(x3)
+    d0 = _F16[load_u16(x, xb0)]
+    d1 = _F16[load_u16(x, xb0 + xbs)]
+    d2 = _F16[load_u16(x, xb0 + 2 * xbs)]
+    d3 = _F16[load_u16(x, xb0 + 3 * xbs)]
+    for c in range(nc):
+        yb = yb0 + c * ycs
+        a = load_f32x8(acc, 64 * c)
+        a = fma(splat_f32x8(d0 * _F16[load_u16(y, yb)]), _q8_block_f32(a0, x0, load_i8x32(y, yb + 2)), a)
+        yb += ybs
+        a = fma(splat_f32x8(d1 * _F16[load_u16(y, yb)]), _q8_block_f32(a1, x1, load_i8x32(y, yb + 2)), a)
+        yb += ybs
+        a = fma(splat_f32x8(d2 * _F16[load_u16(y, yb)]), _q8_block_f32(a2, x2, load_i8x32(y, yb + 2)), a)
+        yb += ybs
+        a = fma(splat_f32x8(d3 * _F16[load_u16(y, yb)]), _q8_block_f32(a3, x3, load_i8x32(y, yb + 2)), a)
+        store_f32x8(acc, 64 * c, a)
+
+
+@njit(inline="always")
+def _q8_0_cols_1(x, xb, y, yb0, ycs, nc, acc, q4):
+    if q4:
+        qx = _q4_0_unpack(x, xb)
+    else:
+        qx = load_i8x32(x, xb + 2)
+    ax = vabs(qx)
+    dx = _F16[load_u16(x, xb)]
+    for c in range(nc):
+        yb = yb0 + c * ycs
+        a = fma(splat_f32x8(dx * _F16[load_u16(y, yb)]), _q8_block_f32(ax, qx, load_i8x32(y, yb + 2)),
+                load_f32x8(acc, 64 * c))
+        store_f32x8(acc, 64 * c, a)
+
+
+@njit(inline="always")
+def _q8_0_cols(n, x, y, yo, ycs, ybs, nc, acc, out, xbs, q4):
+    zero = splat_f32x8(0.0)
+    for c in range(nc):
+        store_f32x8(acc, 64 * c, zero)
+    nb = n // 32
+    nb4 = nb - nb % 4
+    for i in range(0, nb4, 4):
+        _q8_0_cols_4(x, i * xbs, xbs, y, yo + i * ybs, ybs, ycs, nc, acc, q4)
+    for i in range(nb4, nb):
+        _q8_0_cols_1(x, i * xbs, y, yo + i * ybs, ycs, nc, acc, q4)
+    for c in range(nc):
+        out[c] = hsum_f32x8(load_f32x8(acc, 64 * c))
+
+
+@_fast
+def dot_cols_q8_0_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out):
+    _q8_0_cols(n, x, y, yo, ycs, ybs, nc, acc, out, Q8_0_SIZE, False)
+
+
+@_fast
+def dot_cols_q4_0_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out):
+    _q8_0_cols(n, x, y, yo, ycs, ybs, nc, acc, out, Q4_0_SIZE, True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Float rows. F32 weights: F32 activations. F16/BF16 weights: activations rounded to F16/BF16
+# first (GGML's vec_dot_type), then everything is float32 arithmetic on exact values.
+# ------------------------------------------------------------------------------------------------
+
+@njit(inline="always")
+def _wload(x, o, kind):
+    """8 weights at byte offset o as float32: kind 0 = F32, 1 = F16, 2 = BF16."""
+    if kind == 0:
+        return load_f32x8(x, o)
+    elif kind == 1:
+        return f16x8_to_f32(load_i16x8(x, o))
+    else:
+        return bf16x8_to_f32(load_i16x8(x, o))
+
+
+@njit(inline="always")
+def _wscalar(x, o, kind):
+    if kind == 0:
+        return load_f32(x, o)
+    elif kind == 1:
+        return _F16[load_u16(x, o)]
+    else:
+        return np.uint32(np.uint32(load_u16(x, o)) << 16).view(np.float32)
+
+
+@njit(inline="always")
+def _float_cols(n, x, y, yo, ycs, nc, acc, out, kind):
+    """One float weight row (kind 0/1/2 = F32/F16/BF16) against nc float32 columns (column c
+    starts at byte yo + c*ycs). 64 weights at a time are decoded to float32 once, parked in
+    acc[0:64] (L1), and then multiplied into every column's 8 float lanes at acc[16(c+4):]:
+    acc needs ACC_PER_COL * (nc + 4) floats."""
+    ws = 4 if kind == 0 else 2
+    zero = splat_f32x8(0.0)
+    for c in range(nc):
+        store_f32x8(acc, 64 * (c + 4), zero)
+    n64 = n - n % 64
+    for i in range(0, n64, 64):
+        for v in range(8):
+            store_f32x8(acc, 32 * v, _wload(x, ws * (i + 8 * v), kind))
+        for c in range(nc):
+            yb = yo + c * ycs + 4 * i
+            p = fma(load_f32x8(acc, 0), load_f32x8(y, yb), load_f32x8(acc, 64 * (c + 4)))
+            q = simd.vmul(load_f32x8(acc, 32), load_f32x8(y, yb + 32))
+            p = fma(load_f32x8(acc, 64), load_f32x8(y, yb + 64), p)
+            q = fma(load_f32x8(acc, 96), load_f32x8(y, yb + 96), q)
+            p = fma(load_f32x8(acc, 128), load_f32x8(y, yb + 128), p)
+            q = fma(load_f32x8(acc, 160), load_f32x8(y, yb + 160), q)
+            p = fma(load_f32x8(acc, 192), load_f32x8(y, yb + 192), p)
+            q = fma(load_f32x8(acc, 224), load_f32x8(y, yb + 224), q)
+            store_f32x8(acc, 64 * (c + 4), vadd(p, q))
+    for c in range(nc):
+        s = hsum_f32x8(load_f32x8(acc, 64 * (c + 4)))
+        for i in range(n64, n):
+            s += _wscalar(x, ws * i, kind) * load_f32(y, yo + c * ycs + 4 * i)
+        out[c] = s
+
+
+@njit(inline="always")
+def dot_float(n, x, y, yo, kind):
+    """``_float_cols`` for a single column, with the weights kept in registers: the very same
+    arithmetic (so a column alone equals that column among others, bit for bit), without parking
+    64 weights in ``acc`` per step, which costs more than the products when rows are as short as
+    a decode step's KQ rows (head_dim = 64). Inlined into the caller: a call per row (arguments,
+    reference counts) would cost as much as the row."""
+    ws = 4 if kind == 0 else 2
+    a = splat_f32x8(0.0)
+    n64 = n - n % 64
+    for i in range(0, n64, 64):
+        yb = yo + 4 * i
+        p = fma(_wload(x, ws * i, kind), load_f32x8(y, yb), a)
+        q = simd.vmul(_wload(x, ws * (i + 8), kind), load_f32x8(y, yb + 32))
+        p = fma(_wload(x, ws * (i + 16), kind), load_f32x8(y, yb + 64), p)
+        q = fma(_wload(x, ws * (i + 24), kind), load_f32x8(y, yb + 96), q)
+        p = fma(_wload(x, ws * (i + 32), kind), load_f32x8(y, yb + 128), p)
+        q = fma(_wload(x, ws * (i + 40), kind), load_f32x8(y, yb + 160), q)
+        p = fma(_wload(x, ws * (i + 48), kind), load_f32x8(y, yb + 192), p)
+        q = fma(_wload(x, ws * (i + 56), kind), load_f32x8(y, yb + 224), q)
+        a = vadd(p, q)
+    s = hsum_f32x8(a)
+    for i in range(n64, n):
+        s += _wscalar(x, ws * i, kind) * load_f32(y, yo + 4 * i)
+    return s
+
+
+@_fast
+def dot_cols_f32(n, x, y, yo, ycs, nc, acc, out):
+    _float_cols(n, x, y, yo, ycs, nc, acc, out, 0)
+
+
+@_fast
+def dot_cols_f16(n, x, y, yo, ycs, nc, acc, out):
+    _float_cols(n, x, y, yo, ycs, nc, acc, out, 1)
+
+
+@_fast
+def dot_cols_bf16(n, x, y, yo, ycs, nc, acc, out):
+    _float_cols(n, x, y, yo, ycs, nc, acc, out, 2)
+
+
+@_fast
+def vec_dot_f32(n, x, y):
+    """Two F32 rows (bytes)."""
+    acc = np.empty(ACC_PER_COL * 5, np.float32)
+    out = np.empty(1, np.float32)
+    dot_cols_f32(n, x, y, n - n, n - n, 1, acc, out)
+    return out[0]
+
+
+@_fast
+def vec_dot_f16(n, x, y):
+    """Two F16 rows (bytes), as GGML's ggml_vec_dot_f16: halves decoded, float32 FMAs."""
+    yf = np.empty(n, np.float32)
+    for i in range(n):
+        yf[i] = _F16[load_u16(y, 2 * i)]
+    acc = np.empty(ACC_PER_COL * 5, np.float32)
+    out = np.empty(1, np.float32)
+    dot_cols_f16(n, x, yf, n - n, n - n, 1, acc, out)
+    return out[0]
+
+
+@_fast
+def vec_dot_bf16(n, x, y):
+    """Two BF16 rows (bytes)."""
+    yf = np.empty(n, np.float32)
+    for i in range(n):
+        yf[i] = np.uint32(np.uint32(load_u16(y, 2 * i)) << 16).view(np.float32)
+    acc = np.empty(ACC_PER_COL * 5, np.float32)
+    out = np.empty(1, np.float32)
+    dot_cols_bf16(n, x, yf, n - n, n - n, 1, acc, out)
+    return out[0]
+
+
+# the cache of every kernel above also depends on these files (see cache.tie_cache)
+cache.tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, __file__)

@@ -1,0 +1,217 @@
+"""The glue between graph nodes and kernel launches: one ``@forward`` function per op family.
+
+Each function reads the node's sources, shapes and ``op_params``, turns byte strides into element
+strides and launches on ``be.stream``. ``supports`` functions are honest: what they accept is what
+the kernels compute.
+
+MUL_MAT picks its kernel as below: Q4_K as GGML's ``ggml_cuda_mul_mat`` does for an H200
+(docs/quant-formats.md §6.5); the other paths are lazyggml's choice:
+
+* src0 quantized, at most 8 columns: quantize src1 to q8_1, then **mmvq** (Q4_K, Q6_K, Q8_0);
+* src0 Q4_K, more columns: quantize src1 to q8_1 in the DS4 mmq layout, then **mmq**;
+* src0 Q6_K/Q8_0, more columns: dequantize src0 to F32 scratch, then the float GEMM (GGML's
+  dequantize + cuBLAS path);
+* src0 F32/F16: ``mul_mat_vec_f`` up to 8 columns, else the tiled ``mul_mat_f``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ops import GluOp, Op, UnaryOp
+from ...types import Type, blck_size, is_quantized, type_size
+from .table import forward
+from .common import Q8_1_INTS
+from .dequant import QUANT_TYPES, launch_dequantize
+from .elementwise import BINARY_CODE, BLOCK, GLU_OPS, UNARY_OPS, binary, copy, glu, grid_for, scale, unary
+from .matmul import launch_mul_mat_f
+from .mmq import launch_mmq
+from .mmvq import MMVQ_MAX_BATCH_SIZE, VEC_DOT, launch_mmvq
+from .norm import launch_norm
+from .quantize import launch_quantize_mmq_q8_1, launch_quantize_q8_1, mmq_q8_1_bytes, q8_1_bytes
+from .rope import launch_rope
+from .rows import get_rows_f, get_rows_q, set_rows
+from .softmax import launch_soft_max
+
+F32, F16 = Type.F32, Type.F16
+FLOAT_TYPES = (F32, F16)
+DTYPE = {F32: np.float32, F16: np.float16, Type.I32: np.int32, Type.I64: np.int64}
+
+
+def elem_strides(t):
+    """Byte strides to element strides (plain types only)."""
+    e = type_size(t.type)
+    return tuple(nb // e for nb in t.nb)
+
+
+def _all(node, types):
+    return all(s.type in types for s in node.src if s is not None) and node.type in types
+
+
+# -- MUL_MAT ---------------------------------------------------------------------------------------
+def _supports_mul_mat(node):
+    a, b = node.src[0], node.src[1]
+    if b.type != F32 or node.type != F32:
+        return False
+    if a.type in FLOAT_TYPES:
+        return True
+    bs = type_size(a.type)
+    return a.type in QUANT_TYPES and all(nb % bs == 0 for nb in a.nb) and a.nb[0] == bs
+
+
+@forward(Op.MUL_MAT, supports=_supports_mul_mat)
+def mul_mat(be, node):
+    a, b = node.src[0], node.src[1]
+    s = be.stream
+    dst = be.view(node, np.float32)
+    y = be.view(b, np.float32)
+    sb = elem_strides(b)[1:]
+    ncols = b.ne[1]
+    nrows_b = b.ne[1] * b.ne[2] * b.ne[3]
+    if a.type in VEC_DOT and ncols <= MMVQ_MAX_BATCH_SIZE:
+        n = q8_1_bytes(b.ne[0], nrows_b)
+        launch_quantize_q8_1(s, y, be.scratch("q8", n, np.int8), be.scratch("q8", n, np.float16), b.ne, sb)
+        dt, bs = VEC_DOT[a.type][4], type_size(a.type)    # weights and q8_1: one row per block
+        vx, vx_h = be.view(a, dt, cols=bs // np.dtype(dt).itemsize), be.view(a, np.float16, cols=bs // 2)
+        vy, vy_h = be.scratch("q8", n, np.int32, Q8_1_INTS), be.scratch("q8", n, np.float16, 2 * Q8_1_INTS)
+        launch_mmvq(s, a.type, vx, vx_h, vy, vy_h, dst, a, node)
+    elif a.type == Type.Q4_K:
+        n = mmq_q8_1_bytes(b.ne[0], ncols, b.ne[2] * b.ne[3])
+        vy, vy_h = be.scratch("q8", n, np.int32), be.scratch("q8", n, np.float16)
+        launch_quantize_mmq_q8_1(s, y, vy, vy_h, b.ne, sb)
+        launch_mmq(s, be.view(a, np.int32), vy, dst, a, node)
+    elif is_quantized(a.type):
+        n = 4 * a.nelements()
+        x = be.scratch("dequant", n, np.float32)
+        launch_dequantize(s, be.view(a, np.uint8), be.view(a, np.float16), x, a)
+        ne = a.ne
+        launch_mul_mat_f(s, x, (1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2]), ne, y, b, dst)
+    else:
+        launch_mul_mat_f(s, be.view(a, DTYPE[a.type]), elem_strides(a), a.ne, y, b, dst)
+
+
+# -- element-wise ----------------------------------------------------------------------------------
+@forward(Op.ADD, Op.SUB, Op.MUL, Op.DIV, supports=lambda n: _all(n, (F32,)))
+def binary_op(be, node):
+    a, b = node.src[0], node.src[1]
+    n = node.nelements()
+    ne = node.ne
+    binary[grid_for(n), BLOCK, be.stream](
+        BINARY_CODE[node.op], be.view(a, np.float32), be.view(b, np.float32), be.view(node, np.float32),
+        n, ne[0], ne[1], ne[2], *elem_strides(a), *b.ne, *elem_strides(b), *elem_strides(node))
+
+
+@forward(Op.UNARY, supports=lambda n: _all(n, (F32,)) and UnaryOp(n.op_params[0]) in UNARY_OPS)
+def unary_op(be, node):
+    a = node.src[0]
+    n = node.nelements()
+    ne = node.ne
+    unary[grid_for(n), BLOCK, be.stream](
+        int(node.op_params[0]), be.view(a, np.float32), be.view(node, np.float32), n, ne[0], ne[1], ne[2],
+        *elem_strides(a), *elem_strides(node))
+
+
+@forward(Op.SCALE, supports=lambda n: _all(n, (F32,)))
+def scale_op(be, node):
+    a = node.src[0]
+    n = node.nelements()
+    ne = node.ne
+    s, bias = node.op_params
+    scale[grid_for(n), BLOCK, be.stream](
+        be.view(a, np.float32), be.view(node, np.float32), np.float32(s), np.float32(bias), n, ne[0], ne[1],
+        ne[2], *elem_strides(a), *elem_strides(node))
+
+
+@forward(Op.GLU, supports=lambda n: _all(n, (F32,)) and GluOp(n.op_params[0]) in GLU_OPS)
+def glu_op(be, node):
+    a, g = node.src[0], node.src[1]
+    swapped = node.op_params[1]
+    ne = node.ne
+    if g is None:     # one tensor: value and gate are the two halves of each row
+        va = be.view(a, np.float32)
+        vg = be.view(a, np.float32, 4 * ne[0])
+        sa = sg = elem_strides(a)
+    else:
+        va, vg = be.view(a, np.float32), be.view(g, np.float32)
+        sa, sg = elem_strides(a), elem_strides(g)
+    if swapped:
+        va, vg, sa, sg = vg, va, sg, sa
+    n = node.nelements()
+    glu[grid_for(n), BLOCK, be.stream](
+        int(node.op_params[0]), va, vg, be.view(node, np.float32), n, ne[0], ne[1], ne[2], *sa[1:], *sg[1:],
+        *elem_strides(node)[1:])
+
+
+@forward(Op.DUP, Op.CONT, Op.CPY, supports=lambda n: _all(n, FLOAT_TYPES))
+def copy_op(be, node):
+    a = node.src[0]
+    n = node.nelements()
+    ne, me = a.ne, node.ne
+    copy[grid_for(n), BLOCK, be.stream](
+        be.view(a, DTYPE[a.type]), be.view(node, DTYPE[node.type]), n, ne[0], ne[1], ne[2], *elem_strides(a),
+        me[0], me[1], me[2], *elem_strides(node))
+
+
+# -- rows ------------------------------------------------------------------------------------------
+def _supports_get_rows(node):
+    a, idx = node.src[0], node.src[1]
+    return (node.type == F32 and idx.type in (Type.I32, Type.I64) and a.nb[0] == type_size(a.type)
+            and (a.type in FLOAT_TYPES or a.type in QUANT_TYPES))
+
+
+@forward(Op.GET_ROWS, supports=_supports_get_rows)
+def get_rows_op(be, node):
+    a, idx = node.src[0], node.src[1]
+    ne = node.ne
+    n = node.nelements()
+    si = elem_strides(idx)[:3]
+    sd = elem_strides(node)[1:]
+    vi = be.view(idx, DTYPE[idx.type])
+    if a.type in FLOAT_TYPES:
+        get_rows_f[grid_for(n), BLOCK, be.stream](
+            be.view(a, DTYPE[a.type]), vi, be.view(node, np.float32), n, ne[0], ne[1], ne[2],
+            *elem_strides(a)[1:], *si, *sd)
+    else:
+        get_rows_q[grid_for(n), BLOCK, be.stream](
+            int(a.type), blck_size(a.type), type_size(a.type), be.view(a, np.uint8),
+            be.view(a, np.float16), vi, be.view(node, np.float32), n, ne[0], ne[1], ne[2], *a.nb[1:], *si, *sd)
+
+
+@forward(Op.SET_ROWS, supports=lambda n: (n.type in FLOAT_TYPES and n.src[0].type == F32
+                                            and n.src[1].type in (Type.I32, Type.I64)))
+def set_rows_op(be, node):
+    b, idx = node.src[0], node.src[1]
+    ne = b.ne
+    n = b.nelements()
+    set_rows[grid_for(n), BLOCK, be.stream](
+        be.view(b, np.float32), be.view(idx, DTYPE[idx.type]), be.view(node, DTYPE[node.type]), n, ne[0], ne[1],
+        ne[2], *elem_strides(b)[1:], idx.ne[1], idx.ne[2], *elem_strides(idx)[:3], *elem_strides(node)[1:])
+
+
+# -- norms, soft_max, rope -------------------------------------------------------------------------
+@forward(Op.RMS_NORM, Op.NORM, supports=lambda n: _all(n, (F32,)) and n.src[0].nb[0] == 4)
+def norm_op(be, node):
+    a = node.src[0]
+    launch_norm(be.stream, node.op == Op.RMS_NORM, be.view(a, np.float32), be.view(node, np.float32), a, node,
+                node.op_params[0])
+
+
+def _supports_soft_max(node):
+    a, mask = node.src[0], node.src[1]
+    return (a.type == F32 and node.type == F32 and a.is_contiguous() and node.is_contiguous()
+            and (mask is None or mask.type in FLOAT_TYPES))
+
+
+@forward(Op.SOFT_MAX, supports=_supports_soft_max)
+def soft_max_op(be, node):
+    a, mask = node.src[0], node.src[1]
+    x = be.view(a, np.float32)
+    mv = x if mask is None else be.view(mask, DTYPE[mask.type])
+    launch_soft_max(be.stream, x, mv, be.view(node, np.float32), a, mask, *node.op_params)
+
+
+@forward(Op.ROPE, supports=lambda n: n.type == F32 and n.src[0].type == F32 and n.src[0].nb[0] == 4)
+def rope_op(be, node):
+    a, pos, ff = node.src[0], node.src[1], node.src[2]
+    launch_rope(be.stream, be.view(a, np.float32), be.view(pos, np.int32),
+                None if ff is None else be.view(ff, np.float32), be.view(node, np.float32), a, node,
+                node.op_params)

@@ -1,0 +1,313 @@
+"""The OpenCL backend: device memory in ``cl.Buffer``s and one kernel launch per graph node.
+
+Devices. ``registry()`` lists the OpenCL devices by type (GPUs, then accelerators, then CPU
+devices such as PoCL), whatever platform they come from; a machine may list one PoCL device
+through two platforms, and such duplicates are dropped. They are named ``OpenCL0``, ``OpenCL1``...
+``LAZYGGML_OPENCL_DEVICE`` keeps only the device with that index, or those whose device or
+platform name contains that text. Every device reports ``DeviceType.GPU``, PoCL's CPU device too:
+the scheduler's job is to tell "the backend with its own memory, where weights are offloaded"
+from "the host", and PoCL stands in for a GPU in tests and CI. pyopencl is imported lazily;
+without it, or without a device, ``registry()`` returns None and lazyggml runs on the CPU alone.
+
+Memory. A buffer type per device (``OpenCL0``...), not host memory: alignment is the device's
+``CL_DEVICE_MEM_BASE_ADDR_ALIGN`` (in bytes, at least 32), the largest buffer its
+``CL_DEVICE_MAX_MEM_ALLOC_SIZE``. A tensor is a byte offset in its buffer; kernels get
+``(cl.Buffer, tensor_t)`` pairs, ``tensor_t`` being the offset plus GGML's ``ne``/``nb`` passed by
+value (backends/opencl/common.h), so views and odd offsets need no sub-buffers.
+
+Streams. As in GGML's OpenCL backend, a device has one in-order command queue, shared by its
+buffers and its backends: kernels, copies and events are ordered by the queue itself, so a
+blocking ``tensor_get`` after an asynchronous ``graph_compute`` sees the results. The buffers'
+copies wait for their command (GGML's blocking ``set_tensor``/``get_tensor``); the backend's
+``set_tensor_async``/``get_tensor_async``/``cpy_tensor_async`` only enqueue; ``event_record``
+enqueues a marker, ``event_wait`` a barrier on it, ``synchronize`` is ``queue.finish()``.
+
+Kernels. The ``.h`` and ``.cl`` files of this package are joined into one program
+(``program.py``), built once per device. PoCL caches what it compiles (``POCL_CACHE_DIR``, set here to ``<cache>/pocl`` unless
+already set, before PoCL loads); other drivers use pyopencl's binary cache in ``<cache>/opencl``;
+``<cache>`` is lazyggml's kernel cache directory (``lazyggml/cache.py``). ``supports_op`` claims exactly
+the (op, types, layout) combinations of the glue in ``ops.py``; the scheduler sends the rest to the CPU.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+
+from ... import cache
+from ...backend import Backend, Device, DeviceType, Registry
+from ...buffer import Buffer, BufferType, Status
+from ...ops import EMPTY_OPS
+from .program import TENSOR_T, build_options, lanes_for, program_source
+from .table import FORWARD
+
+cl = None  # pyopencl, imported by registry(): the package is optional
+
+
+def cache_dir(kind):
+    """``<lazyggml's kernel cache>/<kind>`` (``lazyggml.cache``: versioned), created."""
+    path = os.path.join(cache.cache_dir(), kind)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+# -- level 1 and 2: buffer type and buffer -----------------------------------------------------------
+class OpenCLBufferType(BufferType):
+    def __init__(self, device):
+        d = device.cl_device
+        super().__init__(device.name, device, alignment=max(32, d.mem_base_addr_align // 8),
+                         max_size=d.max_mem_alloc_size, host=False)
+
+    def alloc_buffer(self, size):
+        return OpenCLBuffer(self, size)
+
+
+class OpenCLBuffer(Buffer):
+    """``size`` bytes of device memory; its copies go through the device's queue and wait."""
+
+    def __init__(self, buft, size):
+        super().__init__(buft, size)
+        self.queue = buft.device.queue
+        try:
+            self.cl_buf = cl.Buffer(buft.device.context, cl.mem_flags.READ_WRITE, max(self.size, 1))
+        except cl.Error as e:
+            raise RuntimeError(f"{buft.name}: cannot allocate {self.size} bytes: {e}") from None
+
+    def set_tensor(self, t, data, offset, size):
+        cl.enqueue_copy(self.queue, self.cl_buf, np.ascontiguousarray(data[:size]), dst_offset=t.offset + offset)
+
+    def get_tensor(self, t, offset, size):
+        out = np.empty(size, np.uint8)
+        cl.enqueue_copy(self.queue, out, self.cl_buf, src_offset=t.offset + offset)
+        return out
+
+    def memset_tensor(self, t, value, offset, size):
+        cl.enqueue_fill_buffer(self.queue, self.cl_buf, np.uint8(value), t.offset + offset, size).wait()
+
+    def cpy_tensor(self, src, dst):
+        sbuf = src.data_buffer()
+        if not _on_same_device(sbuf, self):
+            return False
+        cl.enqueue_copy(self.queue, self.cl_buf, sbuf.cl_buf, byte_count=src.nbytes(), src_offset=src.offset,
+                        dst_offset=dst.offset).wait()
+        return True
+
+    def clear(self, value=0):
+        if self.size:
+            cl.enqueue_fill_buffer(self.queue, self.cl_buf, np.uint8(value), 0, self.size).wait()
+
+    def free(self):
+        if self.cl_buf is not None:
+            self.cl_buf.release()
+            self.cl_buf = None
+        super().free()
+
+
+def _on_same_device(buf, other):
+    return isinstance(buf, OpenCLBuffer) and buf.buft.device is other.buft.device
+
+
+# -- events ---------------------------------------------------------------------------------------------
+class OpenCLEvent:
+    """GGML's backend event: the marker enqueued by the last ``event_record``."""
+
+    def __init__(self, device):
+        self.device = device
+        self.marker = None
+
+
+# -- level 3 and 4: device and backend ---------------------------------------------------------------
+class OpenCLDevice(Device):
+    def __init__(self, index, cl_device):
+        desc = f"{cl_device.name.strip()} ({cl_device.platform.name.strip()}, {cl_device.version.strip()})"
+        super().__init__(f"OpenCL{index}", desc, DeviceType.GPU)
+        self.cl_device = cl_device
+        self.is_cpu = bool(cl_device.type & cl.device_type.CPU)
+        self._buft = OpenCLBufferType(self)
+        self._context = self._queue = self._kernels = None
+
+    # the context, the queue and the program are made on first use
+    @property
+    def context(self):
+        if self._context is None:
+            self._context = cl.Context([self.cl_device])
+        return self._context
+
+    @property
+    def queue(self):
+        if self._queue is None:
+            self._queue = cl.CommandQueue(self.context)
+        return self._queue
+
+    def kernels(self):
+        """Every kernel of the program, by name; built once per device (and cached on disk)."""
+        if self._kernels is None:
+            prg = cl.Program(self.context, program_source()).build(options=build_options(),
+                                                                   cache_dir=cache_dir("opencl"))
+            self._kernels = {k.function_name: k for k in prg.all_kernels()}
+        return self._kernels
+
+    def memory(self):
+        total = self.cl_device.global_mem_size
+        return total, total  # OpenCL cannot say how much is free
+
+    def get_buffer_type(self):
+        return self._buft
+
+    def supports_buft(self, buft):
+        return buft is self._buft
+
+    def supports_op(self, t):
+        if t.op in EMPTY_OPS:
+            return True
+        return FORWARD.supports(t)
+
+    def init_backend(self):
+        return OpenCLBackend(self)
+
+    def event_new(self):
+        return OpenCLEvent(self)
+
+    def event_synchronize(self, event):
+        if event.marker is not None:
+            event.marker.wait()
+
+
+class OpenCLBackend(Backend):
+    """The device's in-order command queue; ``graph_compute`` only enqueues."""
+
+    def __init__(self, device):
+        super().__init__(device)
+        self.queue = device.queue
+        self.kernels = device.kernels()
+        # mul_mat.cl's layouts: on a CPU device a work-item has a tile of its own (its SIMD lanes
+        # are float16 components); on a GPU neighbouring work-items share a row (mv_lanes of
+        # them, a warp's worth) or a tile
+        self.cpu_layout = device.is_cpu
+        self.mv_lanes = 32
+
+    # -- async copies and events --
+    def set_tensor_async(self, t, data, offset, size):
+        # a private copy: the caller may reuse `data` at once; pyopencl keeps it alive until done
+        host = np.array(data[:size], dtype=np.uint8, copy=True)
+        cl.enqueue_copy(self.queue, t.data_buffer().cl_buf, host, dst_offset=t.offset + offset, is_blocking=False)
+
+    def get_tensor_async(self, t, offset, size):
+        out = np.empty(size, np.uint8)
+        cl.enqueue_copy(self.queue, out, t.data_buffer().cl_buf, src_offset=t.offset + offset, is_blocking=False)
+        return out
+
+    def cpy_tensor_async(self, backend_src, backend_dst, src, dst):
+        """Device to device, when both tensors are on this device (then so is backend_src's queue)."""
+        sbuf, dbuf = src.data_buffer(), dst.data_buffer()
+        if not (isinstance(backend_src, OpenCLBackend) and backend_src.device is self.device
+                and _on_same_device(sbuf, dbuf) and dbuf.buft.device is self.device):
+            return False
+        cl.enqueue_copy(self.queue, dbuf.cl_buf, sbuf.cl_buf, byte_count=src.nbytes(), src_offset=src.offset,
+                        dst_offset=dst.offset)
+        return True
+
+    def event_record(self, event):
+        event.marker = cl.enqueue_marker(self.queue)
+
+    def event_wait(self, event):
+        if event.marker is None:
+            return
+        if event.device is self.device:
+            cl.enqueue_barrier(self.queue, wait_for=[event.marker])
+        else:  # another context's event cannot be waited for on this queue
+            event.marker.wait()
+
+    def synchronize(self):
+        self.queue.finish()
+
+    # -- compute --
+    def graph_compute(self, g):
+        for fn, node in FORWARD.runnable(g):
+            fn(self, node)
+        return Status.SUCCESS
+
+    def launch(self, name, gsize, lsize, *args):
+        self.kernels[name](self.queue, gsize, lsize, *args)
+
+    def launch_rows(self, name, rows, *args, lanes=None):
+        """One work-group per row (i1, i2, i3) of ``rows``; its lanes stride along ne[0]."""
+        lanes = lanes or lanes_for(rows.ne[0])
+        self.launch(name, (lanes * rows.ne[1], rows.ne[2], rows.ne[3]), (lanes, 1, 1), *args)
+
+
+def targ(t, extra_offset=0):
+    """The two kernel arguments of tensor ``t``: its ``cl.Buffer`` and its ``tensor_t``."""
+    buf = t.data_buffer()
+    if not isinstance(buf, OpenCLBuffer):
+        raise ValueError(f"OpenCL backend: tensor '{t.name}' is not in an OpenCL buffer ({buf!r})")
+    return buf.cl_buf, np.array((t.offset + extra_offset, t.ne, t.nb), TENSOR_T)
+
+
+
+
+# -- level 5: registry -------------------------------------------------------------------------------------
+def _import_pyopencl():
+    """pyopencl, or None. Points PoCL's kernel cache into lazyggml's before PoCL loads."""
+    global cl
+    if cl is None:
+        if importlib.util.find_spec("pyopencl") is None:
+            return None
+        os.environ.setdefault("POCL_CACHE_DIR", cache_dir("pocl"))
+        import pyopencl
+        cl = pyopencl
+    return cl
+
+
+def discover():
+    """The OpenCL devices, GPUs first, then accelerators, then CPU devices; duplicates dropped."""
+    if _import_pyopencl() is None:
+        return []
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:  # no ICD platform at all
+        return []
+    found, first_seen = [], {}
+    for kind in (cl.device_type.GPU, cl.device_type.ACCELERATOR, cl.device_type.CPU):
+        for p in platforms:
+            try:
+                devices = p.get_devices(device_type=kind)
+            except cl.Error:  # DEVICE_NOT_FOUND
+                continue
+            for d in devices:
+                key = (d.name.strip(), d.vendor.strip(), d.driver_version, d.global_mem_size, d.max_compute_units)
+                if first_seen.setdefault(key, p) is p:  # another platform listing the same device: skip
+                    found.append(d)
+    return found
+
+
+def _select(devices, want):
+    """``LAZYGGML_OPENCL_DEVICE``: an index into ``devices`` or a piece of a device or platform name."""
+    names = [f"{d.name.strip()} ({d.platform.name.strip()})" for d in devices]
+    if want.isdigit():
+        chosen = [devices[int(want)]] if int(want) < len(devices) else []
+    else:
+        chosen = [d for d, n in zip(devices, names) if want.lower() in n.lower()]
+    if not chosen:
+        raise RuntimeError(f"LAZYGGML_OPENCL_DEVICE={want!r} matches no OpenCL device; found: {names or 'none'}"
+                           + ("" if cl is not None else " (pyopencl is not installed: pip install 'lazyggml[opencl]')"))
+    return chosen
+
+
+_registry = None
+
+
+def registry():
+    """The OpenCL registry; None when pyopencl or a device is missing, unless
+    ``LAZYGGML_OPENCL_DEVICE`` asks for one (then a RuntimeError says what was found)."""
+    global _registry
+    if _registry is None:
+        devices = discover()
+        want = os.environ.get("LAZYGGML_OPENCL_DEVICE", "").strip()
+        if want:
+            devices = _select(devices, want)
+        if not devices:
+            return None
+        _registry = Registry("OpenCL", [OpenCLDevice(i, d) for i, d in enumerate(devices)])
+    return _registry

@@ -1,0 +1,102 @@
+// Block layouts and dequantization (docs/quant-formats.md §1 to §3), for get_rows and mul_mat.
+//
+// Every weight type is read as "groups of 16 consecutive elements" in two steps:
+// block_scales_<type>(blk, s) unpacks what every group of the block at `blk` needs (its scales,
+// up to 16 floats) into s once per block, and dequant16_<type>(blk, s, j) returns elements
+// 16j .. 16j+15 of the block as one float16. A block holds QK_<type> elements in TS_<type> bytes,
+// GPB_<type> = QK/16 groups. F32 and F16 have no blocks in GGML; here they get "virtual blocks"
+// of 16 elements (and no scales) so the same kernels read them.
+//
+// Alignment: a Q8_0 block is 34 bytes and a Q6_K block 210, so inside a row their fields are
+// only 2-byte aligned: only byte loads (vloadN of uchar/char) and vload_half touch them. A Q4_K
+// block is 144 bytes and is read with 16-byte loads (uint4): PoCL turns vload16 of uchar into
+// eight 2-byte loads, which made its mat-vec compute-bound. The host only sends Q4_K tensors
+// whose blocks start 16-byte aligned (ops.py, _blocks_aligned).
+
+#define QK_f32 16
+#define TS_f32 64
+#define GPB_f32 1
+#define QK_f16 16
+#define TS_f16 32
+#define GPB_f16 1
+#define QK_q8_0 32
+#define TS_q8_0 34
+#define GPB_q8_0 2
+#define QK_q4_K 256
+#define TS_q4_K 144
+#define GPB_q4_K 16
+#define QK_q6_K 256
+#define TS_q6_K 210
+#define GPB_q6_K 16
+
+static inline void block_scales_none(global const uchar *blk, float *s) {}
+#define block_scales_f32 block_scales_none
+#define block_scales_f16 block_scales_none
+
+static inline float16 dequant16_f32(global const uchar *blk, const float *s, int j) {
+    return vload16(j, (global const float *)blk);
+}
+
+static inline float16 dequant16_f16(global const uchar *blk, const float *s, int j) {
+    return vload_half16(j, (global const half *)blk);
+}
+
+// block_q8_0 (34 bytes): d (fp16) @0, qs[32] (int8) @2.  x = d * q.
+static inline void block_scales_q8_0(global const uchar *blk, float *s) {
+    s[0] = vload_half(0, (global const half *)blk);
+}
+
+static inline float16 dequant16_q8_0(global const uchar *blk, const float *s, int j) {
+    return s[0] * convert_float16(vload16(0, (global const char *)blk + 2 + 16 * j));
+}
+
+// Two fp16 values packed in a uint (low half first) as floats, finite values only (scales are):
+// the bits moved into float's place and rebiased by a multiplication with 2^112, exact for normal
+// and subnormal halves. PoCL's vload_half is a scalar emulation of about 17 instructions.
+static inline float2 half2_to_float2(uint h) {
+    const uint2 v = (uint2)(h & 0xffff, h >> 16);
+    const float2 f = as_float2((v & 0x7fff) << 13) * 0x1p112f;
+    return as_float2(as_uint2(f) | ((v & 0x8000) << 16));
+}
+
+// block_q4_K (144 bytes): d (fp16) @0, dmin (fp16) @2, scales[12] @4, qs[128] @16.
+// 8 sub-blocks of 32 with 6-bit scale sc and min m each (§2, get_scale_min_k4), x = d*sc*q - dmin*m.
+// The scales are unpacked all 8 at once with the 32-bit form of get_scale_min_k4: s[i] = d*sc_i,
+// s[8+i] = dmin*m_i (unpacking per group instead measured twice as slow on PoCL).
+static inline void block_scales_q4_K(global const uchar *blk, float *s) {
+    const uint4 h = *(global const uint4 *)blk;  // d, dmin | scales 0-3 | 4-7 | 8-11
+    const float2 dm = half2_to_float2(h.x);  // d, dmin
+    const float d = dm.x, dmin = dm.y;
+    const uint sc_lo = h.y & 0x3f3f3f3f, sc_hi = (h.w & 0x0f0f0f0f) | (((h.y >> 6) & 0x03030303) << 4);
+    const uint m_lo = h.z & 0x3f3f3f3f, m_hi = ((h.w >> 4) & 0x0f0f0f0f) | (((h.z >> 6) & 0x03030303) << 4);
+    vstore8(d * convert_float8((uchar8)(as_uchar4(sc_lo), as_uchar4(sc_hi))), 0, s);
+    vstore8(dmin * convert_float8((uchar8)(as_uchar4(m_lo), as_uchar4(m_hi))), 1, s);
+}
+
+// Byte b of the 32-byte chunk c = qs[32c .. 32c+31] holds element 64c+b in its low nibble and
+// element 64c+32+b in its high nibble: group j is chunk j/4, bytes 16*(j%2) .. +15 of it, low
+// nibbles for j%4 < 2 (sub-block 2*(j/4)), high ones otherwise (sub-block 2*(j/4)+1).
+static inline float16 dequant16_q4_K(global const uchar *blk, const float *s, int j) {
+    const uchar16 q = as_uchar16(((global const uint4 *)(blk + 16))[2 * (j / 4) + j % 2]);
+    const int sb = 2 * (j / 4) + (j / 2) % 2;
+    return s[sb] * convert_float16((j & 2) ? q >> (uchar)4 : q & (uchar)0xF) - s[8 + sb];
+}
+
+// block_q6_K (210 bytes): ql[128] @0 (low 4 bits), qh[64] @128 (high 2 bits), scales[16] (int8)
+// @192, d (fp16) @208; 16 sub-blocks of 16, x = d*sc*(q-32): s[i] = d*sc_i, group j = sub-block j.
+// In each half n of 128 elements, position l (0..31) of quarter qq (0..3) reads
+// ql[64n + 32*(qq&1) + l] (low nibble for qq < 2, high for qq >= 2) and bits 2qq..2qq+1 of
+// qh[32n + l], with scale sc[8n + l/16 + 2qq].
+static inline void block_scales_q6_K(global const uchar *blk, float *s) {
+    const float d = vload_half(0, (global const half *)(blk + 208));
+    vstore16(d * convert_float16(vload16(0, (global const char *)blk + 192)), 0, s);
+}
+
+static inline float16 dequant16_q6_K(global const uchar *blk, const float *s, int j) {
+    const int n = j / 8, e = 16 * (j % 8), qq = e / 32, l0 = e % 32;
+    const uchar16 ql = vload16(0, blk + 64 * n + 32 * (qq & 1) + l0);
+    const uchar16 qh = vload16(0, blk + 128 + 32 * n + l0);
+    const uchar16 lo = qq < 2 ? ql & (uchar)0xF : ql >> (uchar)4;
+    const char16 q = as_char16(lo | (((qh >> (uchar)(2 * qq)) & (uchar)3) << (uchar)4)) - (char)32;
+    return s[j] * convert_float16(q);
+}

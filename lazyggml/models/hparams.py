@@ -1,0 +1,168 @@
+"""The hyper-parameters of a model family, read from GGUF metadata as llama.cpp reads them, and the
+tensors its loader expects.
+
+``LlamaHParams.from_metadata`` reads the keys llama.cpp reads for ``general.architecture = "llama"``
+(``llama_model::load_hparams``), and ``check_llama_tensors`` checks the tensor names and shapes that
+llama.cpp's loader creates for that architecture. A new family adds its own dataclass and checker
+here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..gguf_io import GGUFError, get_count, get_key, get_per_layer, get_positive_float
+from ..types import Type, type_name
+
+__all__ = ["LLAMA_ROPE_SCALING_TYPES", "LlamaHParams", "WEIGHT_TYPES", "llama_tensor_shapes", "check_llama_tensors"]
+
+LLAMA_ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+
+
+@dataclass(frozen=True)
+class LlamaHParams:
+    """The hyper-parameters of a ``llama`` model, named as llama.cpp's ``llama_hparams``."""
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    n_embd_head_k: int
+    n_embd_head_v: int
+    n_rot: int
+    f_norm_rms_eps: float
+    rope_freq_base: float
+    rope_scaling_type: str
+    rope_freq_scale: float  # 1 / rope.scaling.factor (1 when absent)
+    n_ctx_orig_yarn: int
+
+    @property
+    def n_gqa(self) -> int:
+        return self.n_head // self.n_head_kv
+
+    @property
+    def n_embd_k_gqa(self) -> int:
+        return self.n_embd_head_k * self.n_head_kv
+
+    @property
+    def n_embd_v_gqa(self) -> int:
+        return self.n_embd_head_v * self.n_head_kv
+
+    @classmethod
+    def from_metadata(cls, meta: dict, path="<metadata>") -> "LlamaHParams":
+        """Read and check the keys llama.cpp's ``load_hparams`` reads for the llama architecture."""
+        arch = get_key(meta, path, "general.architecture", "str", required=True)
+        if arch != "llama":
+            raise GGUFError(path, "general.architecture",
+                            f"unsupported architecture {arch!r}; lazyggml runs 'llama'")
+        p = "llama."
+        n_layer = get_count(meta, path, p + "block_count", required=True)
+        n_embd = get_count(meta, path, p + "embedding_length", required=True)
+        n_head = get_per_layer(meta, path, p + "attention.head_count", n_layer, required=True)
+        n_head_kv = get_per_layer(meta, path, p + "attention.head_count_kv", n_layer, default=n_head)
+        n_ff = get_per_layer(meta, path, p + "feed_forward_length", n_layer, required=True)
+        if n_head % n_head_kv:
+            raise GGUFError(path, p + "attention.head_count_kv",
+                            f"{n_head} heads cannot be shared by {n_head_kv} KV heads")
+        if get_key(meta, path, p + "expert_count", "int", 0) > 0:
+            raise GGUFError(path, p + "expert_count", "mixture-of-experts llama models are not supported")
+        if (p + "attention.key_length" not in meta or p + "attention.value_length" not in meta) \
+                and n_embd % n_head:
+            raise GGUFError(path, p + "attention.head_count",
+                            f"n_embd {n_embd} is not a multiple of {n_head} heads")
+        n_embd_head_k = get_count(meta, path, p + "attention.key_length", default=n_embd // n_head)
+        n_embd_head_v = get_count(meta, path, p + "attention.value_length", default=n_embd // n_head)
+        n_rot = get_count(meta, path, p + "rope.dimension_count", default=n_embd_head_k)
+        if n_rot != n_embd_head_k or n_rot % 2:  # llama.cpp: "invalid n_rot" for this architecture
+            raise GGUFError(path, p + "rope.dimension_count",
+                            f"{n_rot} must equal the head size {n_embd_head_k} and be even")
+        scaling = get_key(meta, path, p + "rope.scaling.type", "str", "linear")
+        if scaling not in LLAMA_ROPE_SCALING_TYPES:
+            raise GGUFError(path, p + "rope.scaling.type",
+                            f"unknown rope scaling {scaling!r}; expected one of {LLAMA_ROPE_SCALING_TYPES}")
+        factor_key = p + "rope.scaling.factor" if p + "rope.scaling.factor" in meta else p + "rope.scale_linear"
+        factor = get_positive_float(meta, path, factor_key, 0.0, allow_zero=True)
+        n_ctx_train = get_count(meta, path, p + "context_length", required=True)
+        # llama.cpp shapes the tensors by the token list (vocab.n_tokens()); vocab_size serves files
+        # without a vocabulary
+        tokens = meta.get("tokenizer.ggml.tokens")
+        n_vocab = get_count(meta, path, p + "vocab_size")
+        if isinstance(tokens, list) and tokens:
+            if n_vocab is not None and n_vocab != len(tokens):
+                raise GGUFError(path, p + "vocab_size", f"{n_vocab} disagrees with the {len(tokens)} "
+                                                        f"entries of tokenizer.ggml.tokens")
+            n_vocab = len(tokens)
+        elif n_vocab is None:
+            raise GGUFError(path, p + "vocab_size",
+                            "missing, and there is no tokenizer.ggml.tokens list to count")
+        return cls(
+            n_vocab=n_vocab, n_ctx_train=n_ctx_train, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff,
+            n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=n_embd_head_k, n_embd_head_v=n_embd_head_v,
+            n_rot=n_rot,
+            f_norm_rms_eps=get_positive_float(meta, path, p + "attention.layer_norm_rms_epsilon",
+                                               required=True),
+            rope_freq_base=get_positive_float(meta, path, p + "rope.freq_base", 10000.0),
+            rope_scaling_type=scaling,
+            rope_freq_scale=1.0 if factor == 0 else 1.0 / factor,
+            n_ctx_orig_yarn=get_count(meta, path, p + "rope.scaling.original_context_length",
+                                       default=n_ctx_train),
+        )
+
+
+# the GGML types that can hold a weight (Q8_1 and Q8_K are activation formats; ints and F64 are not
+# weights)
+WEIGHT_TYPES = frozenset({Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1,
+                          Type.Q8_0, Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K})
+
+
+def llama_tensor_shapes(hp: LlamaHParams) -> tuple:
+    """``(required, optional)``: dicts of tensor name -> ``ne`` (GGML order) that llama.cpp's loader
+    creates for the llama architecture. ``output.weight`` is optional: without it the output
+    projection is tied to ``token_embd.weight``; ``rope_freqs.weight`` holds per-dimension RoPE
+    frequency factors (Llama 3.1 and later), GGML's ``rope_ext`` ``c`` argument."""
+    q_dim = hp.n_embd_head_k * hp.n_head
+    required = {"token_embd.weight": (hp.n_embd, hp.n_vocab), "output_norm.weight": (hp.n_embd,)}
+    for i in range(hp.n_layer):
+        b = f"blk.{i}."
+        required.update({
+            b + "attn_norm.weight": (hp.n_embd,),
+            b + "attn_q.weight": (hp.n_embd, q_dim),
+            b + "attn_k.weight": (hp.n_embd, hp.n_embd_k_gqa),
+            b + "attn_v.weight": (hp.n_embd, hp.n_embd_v_gqa),
+            b + "attn_output.weight": (q_dim, hp.n_embd),
+            b + "ffn_norm.weight": (hp.n_embd,),
+            b + "ffn_gate.weight": (hp.n_embd, hp.n_ff),
+            b + "ffn_up.weight": (hp.n_embd, hp.n_ff),
+            b + "ffn_down.weight": (hp.n_ff, hp.n_embd),
+        })
+    optional = {"output.weight": (hp.n_embd, hp.n_vocab), "rope_freqs.weight": (hp.n_rot // 2,)}
+    return required, optional
+
+
+def check_llama_tensors(hp: LlamaHParams, tensors: dict, path="<tensors>") -> dict:
+    """Check a file's tensors (name -> ``TensorInfo``) against the llama layout of ``hp``: every
+    required tensor present with its shape and a weight type, no tensor the model would not use
+    (llama.cpp fails such a file with "wrong number of tensors"). Returns name -> ``TensorInfo`` for
+    the model's tensors, with ``output.weight`` mapped to the ``token_embd.weight`` info when the
+    output is tied (llama.cpp's ``TENSOR_DUPLICATED``)."""
+    required, optional = llama_tensor_shapes(hp)
+    for name in tensors:
+        if name not in required and name not in optional:
+            raise GGUFError(path, f"tensor '{name}'", f"unexpected tensor for a {hp.n_layer}-layer "
+                                                      f"llama model")
+    found = {}
+    for name, ne in {**required, **optional}.items():
+        info = tensors.get(name)
+        if info is None:
+            if name in required:
+                raise GGUFError(path, f"tensor '{name}'", "required tensor is missing")
+            continue
+        if tuple(info.ne) != ne:
+            raise GGUFError(path, f"tensor '{name}'", f"has shape {list(info.ne)}, the metadata "
+                                                      f"implies {list(ne)}")
+        if info.type not in WEIGHT_TYPES:
+            raise GGUFError(path, f"tensor '{name}'", f"type {type_name(info.type)} cannot hold a weight")
+        found[name] = info
+    found.setdefault("output.weight", found["token_embd.weight"])
+    return found

@@ -1,0 +1,99 @@
+"""Finding the devices: the built-in backend registries, and GGML's ``ggml_backend_reg_*`` /
+``ggml_backend_dev_*`` / ``ggml_backend_init_*`` functions over them.
+
+The registries are made on first use, in GGML's order: CUDA, OpenCL, then the CPU last; each only
+when its library and a device exist. ``LAZYGGML_DISABLE_CUDA=1`` / ``LAZYGGML_DISABLE_OPENCL=1``
+leave one out.
+"""
+from __future__ import annotations
+
+import os
+
+from .backend import DeviceType
+
+__all__ = ["register_backend", "reg_count", "reg_get", "reg_by_name", "dev_count", "dev_get", "dev_by_name",
+           "dev_by_type", "backend_init_by_name", "backend_init_by_type", "backend_init_best"]
+
+_registries = None
+
+
+def _enabled(name):
+    return os.environ.get(f"LAZYGGML_DISABLE_{name}", "0") in ("", "0")
+
+
+def _builtin_registries():
+    regs = []
+    if _enabled("CUDA"):
+        from .backends import cuda
+        regs.append(cuda.registry())
+    if _enabled("OPENCL"):
+        from .backends import opencl
+        regs.append(opencl.registry())
+    from .backends import cpu
+    regs.append(cpu.registry())
+    return [r for r in regs if r is not None]
+
+
+def _regs():
+    global _registries
+    if _registries is None:
+        _registries = _builtin_registries()
+    return _registries
+
+
+def register_backend(reg):
+    """Add a registry of your own (a test device, a new backend) after the built-in ones."""
+    _regs().append(reg)
+
+
+def reg_count():
+    return len(_regs())
+
+
+def reg_get(i):
+    return _regs()[i]
+
+
+def reg_by_name(name):
+    return next((r for r in _regs() if r.name.lower() == name.lower()), None)
+
+
+def _devices():
+    return [d for r in _regs() for d in r.devices]
+
+
+def dev_count():
+    return len(_devices())
+
+
+def dev_get(i):
+    return _devices()[i]
+
+
+def dev_by_name(name):
+    return next((d for d in _devices() if d.name.lower() == name.lower()), None)
+
+
+def dev_by_type(type_):
+    return next((d for d in _devices() if d.type == type_), None)
+
+
+def backend_init_by_name(name):
+    d = dev_by_name(name)
+    if d is None:
+        raise ValueError(f"no device named {name!r}; devices: {[x.name for x in _devices()]}")
+    return d.init_backend()
+
+
+def backend_init_by_type(type_):
+    d = dev_by_type(type_)
+    return None if d is None else d.init_backend()
+
+
+def backend_init_best():
+    """A GPU if there is one, else an integrated GPU, else the CPU."""
+    for ty in (DeviceType.GPU, DeviceType.IGPU, DeviceType.CPU):
+        d = dev_by_type(ty)
+        if d is not None:
+            return d.init_backend()
+    return None
