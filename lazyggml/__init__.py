@@ -16,7 +16,7 @@ from .tensor import (Tensor, Context, MAX_DIMS, MAX_SRC, FLAG_INPUT, FLAG_OUTPUT
 from .ops import *  # noqa: F401,F403 - every op constructor, named as GGML's
 from .ops import Op, UnaryOp, GluOp, ROPE_TYPE_NORMAL, ROPE_TYPE_NEOX, op_desc, is_view_op, op_can_inplace
 from .graph import Graph, build_forward_expand, build_forward_select, graph_view
-from .buffer import (BufferType, Buffer, MultiBuffer, BufferUsage, Status, tensor_alloc, view_init,
+from .buffer import (BufferType, Buffer, HostBuffer, MultiBuffer, BufferUsage, Status, tensor_alloc, view_init,
                      buft_alloc_buffer)
 from .backend import (Device, Backend, Registry, DeviceType, tensor_set, tensor_get, tensor_get_bytes,
                       tensor_memset, tensor_copy, tensor_copy_async, tensor_set_async, backend_graph_compute,

@@ -40,6 +40,9 @@ from . import debug
 from .ops import INPLACE_OPS, Op
 from .tensor import FLAG_INPUT, FLAG_OUTPUT
 
+__all__ = ["MAX_FREE_BLOCKS", "VBUFFER_MAX_CHUNKS", "DynTallocr", "Gallocr", "Tallocr",
+           "alloc_ctx_tensors_from_buft", "alloc_ctx_tensors_from_buft_size", "alloc_ctx_tensors"]
+
 MAX_FREE_BLOCKS = 256       # per chunk
 VBUFFER_MAX_CHUNKS = 16     # GGML_VBUFFER_MAX_CHUNKS: the last chunk is unlimited
 

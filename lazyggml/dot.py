@@ -10,6 +10,8 @@ from __future__ import annotations
 from .ops import op_desc
 from .types import type_name
 
+__all__ = ["graph_to_dot", "COLORS"]
+
 COLORS = ("#a6cee3", "#fdbf6f", "#b2df8a", "#fb9a99", "#cab2d6", "#ffff99", "#1f78b4", "#33a02c")
 
 

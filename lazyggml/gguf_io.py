@@ -38,6 +38,9 @@ from gguf import GGUFValueType
 
 from .types import Type, blck_size, type_name, type_size
 
+__all__ = ["GGUFError", "TensorInfo", "GGUFFile", "read_gguf", "get_key", "get_count", "get_per_layer",
+           "get_positive_float"]
+
 GGUF_MAGIC = b"GGUF"
 GGUF_DEFAULT_ALIGNMENT = 32
 GGML_MAX_DIMS = 4

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["Sampler", "softmax", "greedy", "top_k", "top_p", "min_p", "temperature"]
+
 
 def _sorted(ids, logits):
     """Candidates by descending logit; equal logits keep the lower id first."""

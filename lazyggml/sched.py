@@ -60,6 +60,9 @@ from .graph import Graph
 from .ops import Op, is_view_op, op_desc
 from .tensor import FLAG_COMPUTE, FLAG_INPUT, Context, set_input, set_output
 
+__all__ = ["SCHED_MAX_BACKENDS", "SCHED_MAX_SPLIT_INPUTS", "SCHED_MAX_COPIES", "Split", "Scheduler",
+           "fmt_size"]
+
 SCHED_MAX_BACKENDS = 16
 SCHED_MAX_SPLIT_INPUTS = 30   # first capacity of an input list; it doubles when exceeded
 SCHED_MAX_COPIES = 4

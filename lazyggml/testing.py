@@ -36,6 +36,9 @@ from .backends.cpu import CPUBackend, CPUDevice
 from .tokenizer import BYTE_TO_UNICODE, SPIECE_UNDERLINE, TokenType, byte_encode, pre_tokenize
 from .types import QK_K, Type, as_type, blck_size, type_name
 
+__all__ = ["make_tiny_llama", "q4_k_m_type", "LLAMA_FTYPE_MOSTLY_Q4_K_M", "StandInBufferType",
+           "StandInDevice", "StandInEvent", "DeferredBackend"]
+
 LLAMA_FTYPE_MOSTLY_Q4_K_M = 15
 
 _CORPUS = """\

@@ -39,6 +39,10 @@ import regex
 
 from .gguf_io import GGUFError, get_key
 
+__all__ = ["TokenType", "TokenAttr", "Tokenizer", "PreTokenizer", "PRE_TOKENIZERS", "pre_tokenize",
+           "byte_encode", "BYTE_TO_UNICODE", "UNICODE_TO_BYTE", "SPIECE_UNDERLINE",
+           "clean_up_tokenization_spaces"]
+
 SPIECE_UNDERLINE = "\u2581"  # "▁", SentencePiece's visible space
 
 

@@ -52,6 +52,9 @@ from ..tensor import Context, set_input, set_output
 from ..tokenizer import Tokenizer
 from ..types import Type
 
+__all__ = ["LlamaModel", "load_model", "offload_devices", "split_layers", "N_BATCH", "N_BATCH_GPU", "KV_PAD",
+           "KV_PAD_BATCH"]
+
 log = logging.getLogger("lazyggml")
 
 # The attention window grows in steps of this many cells, so that graphs repeat. A new window
