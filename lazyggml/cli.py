@@ -127,18 +127,20 @@ def _demo(args):
 
 
 def _probe_ops():
-    """One small F32 node per core op, and a mul_mat per weight type, to ask devices about."""
-    import lazyggml as lg
-    ctx = lg.Context()
-    a, b = ctx.new_tensor_2d(lg.F32, 256, 4), ctx.new_tensor_2d(lg.F32, 256, 4)
-    pos = ctx.new_tensor_1d(lg.I32, 4)
-    ops = {"add": lg.add(a, b), "mul": lg.mul(a, b), "scale": lg.scale(a, 2.0), "silu": lg.silu(a),
-           "rms_norm": lg.rms_norm(a), "soft_max": lg.soft_max(a), "swiglu": lg.swiglu(a),
-           "rope": lg.rope(lg.reshape_3d(a, 64, 4, 4), pos, 64, 0), "get_rows": lg.get_rows(a, pos),
-           "cpy f32->f16": lg.cpy(a, ctx.new_tensor_2d(lg.F16, 256, 4)), "sum_rows": lg.sum_rows(a)}
-    for t in (lg.F32, lg.F16, lg.BF16, lg.Q4_0, lg.Q8_0, lg.Q4_K, lg.Q5_K, lg.Q6_K):
-        ops[f"mul_mat {lg.type_name(t)}"] = lg.mul_mat(ctx.new_tensor_2d(t, 256, 8), a)
-    return ops
+    """What ``info`` asks each device about: the result of the first op case (``lazyggml.op_cases``)
+    of each op (the sub-op for UNARY and GLU), and of the first mul_mat case of each weight type."""
+    from .op_cases import CASES
+    from .ops import Op, op_desc
+    from .tensor import Context
+    from .types import type_name
+    probes = {}
+    for case in CASES:
+        out = case.build(Context())[1][-1]
+        name = op_desc(out).lower()
+        if out.op == Op.MUL_MAT:
+            name = f"mul_mat {type_name(out.src[0].type)}"
+        probes.setdefault(name, out)
+    return probes
 
 
 def _info(args):

@@ -9,15 +9,23 @@ processes load it in a few milliseconds; this module makes that first run happen
 What runs
 ---------
 Signatures are decided by the glue that calls the kernels, so the only reliable way to produce
-the signatures a real graph needs is to run real graphs. ``CASES`` is a table of tiny graphs, one
-per op configuration that changes signatures: each op on contiguous tensors, on strided and
-permuted views, in place, with each tensor type it accepts (``mul_mat`` and ``get_rows`` over
-every weight type, copies and ``set_rows`` into every type), large enough to take the threaded
-paths as well as the single-threaded ones; an attention block shaped like the model runner's (an
-F16 KV cache written with ``set_rows``, permuted views, masked ``soft_max_ext``); the quantizers
-and dequantizers of every type; and a small LLaMA model run end to end (the embedded default
-model when it is there, else a random one from ``lazyggml.testing``), prompt then decode. Each
-case runs on every selected backend that supports all its nodes.
+the signatures a real graph needs is to run real graphs. ``CASES`` holds:
+
+* every case of the op-case catalogue (``op_cases.CASES``, which the backend tests check against
+  their NumPy oracles): each op on contiguous tensors, on strided and permuted views, in place,
+  with each tensor type it accepts (``mul_mat`` and ``get_rows`` over every weight type, copies and
+  ``set_rows`` into every type), large enough to take the threaded paths as well as the
+  single-threaded ones, and an attention block shaped like the model runner's (F16 KV caches
+  written with ``set_rows``, permuted views, masked ``soft_max_ext``). Each runs through
+  ``op_cases.run_case``, so its result is checked too; on the CPU it runs a second time with every
+  ``common.parallel_kernel`` launch taking the parallel kernel (small work takes the serial twin);
+* what is not an op case: the quantizers and dequantizers of every type, and a small LLaMA model
+  run end to end (the embedded default model when it is there, else a random one from
+  ``lazyggml.testing``), prompt then decode.
+
+Each case runs on every selected backend that supports all its nodes. ``--cases`` selects cases by
+``fnmatch`` patterns of their names (``'add*,mul_mat(q4_K*'``), ``--types`` those exercising a
+tensor type (a case of float32 only is always selected).
 
 Counting hits and misses
 ------------------------
@@ -54,7 +62,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import math
 import os
 import sys
 import tempfile
@@ -67,22 +74,19 @@ from typing import Callable
 import numpy as np
 from numba.core.errors import NumbaPerformanceWarning
 
-from . import cache
-from . import ops as O
-from .backend import DeviceType, tensor_set
+from . import cache, op_cases
+from .backend import DeviceType
+from .backends.cpu import common as cpu_common
 from .registry import dev_count, dev_get
-from .graph import Graph
-from .ops import EMPTY_OPS
-from .tensor import Context
-from .types import Type, as_type, is_quantized, type_name
+from .types import Type, as_type, type_name
 
 OPENCL_MISS_S = 0.1   # without a driver cache to look at: a first launch this slow compiled
 _OPENCL_LAUNCHED = set()   # (device, kernel, work-group size) launched in this process
 
+WEIGHT_TYPES = op_cases.WEIGHT_TYPES   # the types mul_mat, get_rows, set_rows and cpy take
 # every type with CPU kernels, as ``--types`` names them
 ALL_TYPES = (Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0,
              Type.Q8_1, Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K)
-WEIGHT_TYPES = tuple(t for t in ALL_TYPES if t not in (Type.Q8_1, Type.Q8_K))  # mul_mat / get_rows
 
 
 # =================================================================================================
@@ -91,229 +95,31 @@ WEIGHT_TYPES = tuple(t for t in ALL_TYPES if t not in (Type.Q8_1, Type.Q8_K))  #
 
 @dataclass
 class Case:
-    """One tiny workload. ``run(backend)`` returns False when the backend cannot run it."""
+    """One workload. ``run(backend)`` returns False when the backend cannot run it."""
     name: str
     family: str                 # cases of a family share kernels (a --jobs worker takes a family)
     run: Callable
     types: tuple = ()           # the types it exercises; () = float32 only, always selected
 
 
-CASES: list[Case] = []
-
-
-def _graph_case(name, family, build, types=()):
-    """A case from ``build(ctx) -> output tensor(s)``: allocated on the backend, leafs filled with
-    uniform [-1, 1] values (integer tensors with zeros: always valid row indices), computed."""
-    CASES.append(Case(name, family, lambda backend: _run_graph(backend, build), tuple(types)))
-
-
-def _fill(t, rng):
-    shape = tuple(reversed(t.ne))
-    if t.type in (Type.I32, Type.I64):
-        return np.zeros(shape, np.int32 if t.type == Type.I32 else np.int64)
-    x = rng.uniform(-1, 1, shape).astype(np.float32)
-    if t.type == Type.F16:
-        return x.astype(np.float16)
-    if t.type == Type.BF16:
-        return (x.view(np.uint32) >> 16).astype(np.uint16)
-    if is_quantized(t.type):
-        from .quants import quantize
-        return quantize(t.type, x.reshape(-1, t.ne[0]))
-    return x
-
-
-def _run_graph(backend, build):
-    from .alloc import alloc_ctx_tensors
-    from .backends.cpu import common as cpu_common
-    ctx = Context()
-    with ctx:
-        outs = build(ctx)
-    outs = outs if isinstance(outs, (list, tuple)) else [outs]
-
-    def graph():
-        g = Graph()
-        for out in outs:
-            g.build_forward_expand(out)
-        return g
-
-    g = graph()
-    if not all(n.op in EMPTY_OPS or backend.device.supports_op(n) for n in g.nodes):
+# -- the op-case catalogue ---------------------------------------------------------------------------
+def _run_op_case(case, backend):
+    """Run an op case (checked against its oracle); on the CPU again, through the parallel kernels."""
+    if op_cases.run_case(case, backend, seed=0) == "unsupported":
         return False
-    buf = alloc_ctx_tensors(ctx, backend)
-    try:
-        rng = np.random.default_rng(0)
-        for t in ctx.tensors():
-            if t.op == O.Op.NONE and t.view_src is None:
-                tensor_set(t, _fill(t, rng))
-        backend.graph_compute(g)
-        if backend.device.type == DeviceType.CPU:
-            # small work runs the serial twins of common.parallel_kernel: compile the parallel kernels
-            # too, in a new graph (a new plan) where every launch takes them
-            small, cpu_common.PARALLEL_MIN_ELEMENTS = cpu_common.PARALLEL_MIN_ELEMENTS, 0
-            try:
-                backend.graph_compute(graph())
-            finally:
-                cpu_common.PARALLEL_MIN_ELEMENTS = small
-        backend.synchronize()
-    finally:
-        buf.free()
+    if backend.device.type == DeviceType.CPU:
+        # small work runs the serial twins of common.parallel_kernel: compile the parallel kernels
+        # too, in a new graph (a new plan) where every launch takes them
+        small, cpu_common.PARALLEL_MIN_ELEMENTS = cpu_common.PARALLEL_MIN_ELEMENTS, 0
+        try:
+            op_cases.run_case(case, backend, seed=0)
+        finally:
+            cpu_common.PARALLEL_MIN_ELEMENTS = small
     return True
 
 
-def _new(ctx, t, *ne):
-    return ctx.new_tensor(t, ne)
-
-
-# -- element-wise: every op once on contiguous rows; strided, permuted and in-place variants ---------
-_UNARY = ("abs", "sgn", "neg", "step", "tanh", "elu", "relu", "sigmoid", "gelu", "gelu_erf",
-          "gelu_quick", "silu", "hardswish", "hardsigmoid", "exp", "sqr", "sqrt", "log", "sin", "cos")
-for _op in _UNARY:
-    _graph_case(_op, "unary", lambda ctx, f=getattr(O, _op): f(_new(ctx, Type.F32, 64, 4, 3)))
-    _graph_case(f"{_op}(view with row gaps)", "unary", lambda ctx, f=getattr(O, _op):
-                f(O.view_3d(a := _new(ctx, Type.F32, 40, 6, 3), 30, 6, 3, a.nb[1], a.nb[2], 5 * 4)))
-_graph_case("sqr(transposed)", "unary", lambda ctx: O.sqr(O.transpose(_new(ctx, Type.F32, 7, 9, 3))))
-_graph_case("silu_inplace", "unary", lambda ctx: O.silu_inplace(_new(ctx, Type.F32, 64, 4)))
-_graph_case("scale", "unary", lambda ctx: O.scale(_new(ctx, Type.F32, 64, 4), 0.5))
-_graph_case("scale_inplace", "unary", lambda ctx: O.scale_inplace(_new(ctx, Type.F32, 64, 4), 0.5))
-_graph_case("scale_bias", "unary", lambda ctx: O.scale_bias(_new(ctx, Type.F32, 64, 4), 0.5, 0.25))
-_graph_case("clamp", "unary", lambda ctx: O.clamp(_new(ctx, Type.F32, 64, 4), -0.5, 0.5))
-_graph_case("silu(large)", "unary", lambda ctx: O.silu(_new(ctx, Type.F32, 4096, 16)))
-
-for _op in ("add", "sub", "mul", "div"):
-    _f = getattr(O, _op)
-    _graph_case(_op, "binary", lambda ctx, f=_f: f(_new(ctx, Type.F32, 64, 4, 3), _new(ctx, Type.F32, 64, 4, 3)))
-    _graph_case(f"{_op}(broadcast)", "binary", lambda ctx, f=_f:
-                f(_new(ctx, Type.F32, 64, 4, 3), _new(ctx, Type.F32, 64, 1, 3)))
-    _graph_case(f"{_op}_inplace", "binary", lambda ctx, f=getattr(O, _op + "_inplace"):
-                f(_new(ctx, Type.F32, 64, 4), _new(ctx, Type.F32, 64, 1)))
-    _graph_case(f"{_op}(permuted, transposed)", "binary", lambda ctx, f=_f:
-                f(O.permute(_new(ctx, Type.F32, 6, 5, 4, 2), 1, 0, 2, 3),
-                  O.transpose(_new(ctx, Type.F32, 6, 5, 4, 1))))
-_graph_case("add(view with row gaps)", "binary", lambda ctx:
-            O.add(O.view_3d(a := _new(ctx, Type.F32, 12, 6, 2), 8, 6, 2, a.nb[1], a.nb[2], 8),
-                  _new(ctx, Type.F32, 8, 1, 2)))
-_graph_case("add1", "binary", lambda ctx: O.add1(_new(ctx, Type.F32, 64, 4), _new(ctx, Type.F32, 1)))
-_graph_case("add(large)", "binary", lambda ctx: O.add(_new(ctx, Type.F32, 4096, 16), _new(ctx, Type.F32, 4096, 16)))
-
-for _op in ("swiglu", "geglu", "reglu"):
-    _graph_case(_op, "glu", lambda ctx, f=getattr(O, _op): f(_new(ctx, Type.F32, 64, 4)))
-    _graph_case(f"{_op}_split", "glu", lambda ctx, f=getattr(O, _op + "_split"):
-                f(_new(ctx, Type.F32, 64, 4), _new(ctx, Type.F32, 64, 4)))
-_graph_case("swiglu_swapped", "glu", lambda ctx: O.swiglu_swapped(_new(ctx, Type.F32, 64, 4)))
-_graph_case("swiglu(view with row gaps)", "glu", lambda ctx:
-            O.swiglu(O.view_3d(a := _new(ctx, Type.F32, 30, 4, 2), 20, 4, 2, a.nb[1], a.nb[2], 6 * 4)))
-_graph_case("swiglu_split(large)", "glu", lambda ctx:
-            O.swiglu_split(_new(ctx, Type.F32, 4096, 16), _new(ctx, Type.F32, 4096, 16)))
-
-# -- reductions, norms, soft_max, rope ---------------------------------------------------------------
-for _op in ("sum", "sum_rows", "mean"):
-    _graph_case(_op, "reduce", lambda ctx, f=getattr(O, _op): f(_new(ctx, Type.F32, 33, 5, 3)))
-_graph_case("argmax", "reduce", lambda ctx: O.argmax(_new(ctx, Type.F32, 100, 12)))
-_graph_case("sum_rows(permuted)", "reduce", lambda ctx:
-            O.sum_rows(O.permute(_new(ctx, Type.F32, 6, 7, 3, 2), 2, 1, 0, 3)))
-_graph_case("argmax(transposed)", "reduce", lambda ctx: O.argmax(O.transpose(_new(ctx, Type.F32, 12, 50))))
-
-for _op in ("norm", "rms_norm"):
-    _graph_case(_op, "norm", lambda ctx, f=getattr(O, _op): f(_new(ctx, Type.F32, 64, 5, 3), 1e-5))
-    _graph_case(f"{_op}_inplace", "norm", lambda ctx, f=getattr(O, _op + "_inplace"):
-                f(_new(ctx, Type.F32, 64, 4), 1e-5))
-    _graph_case(f"{_op}(permuted)", "norm", lambda ctx, f=getattr(O, _op):
-                f(O.permute(_new(ctx, Type.F32, 6, 20, 3), 1, 0, 2, 3), 1e-5))
-
-_graph_case("soft_max", "soft_max", lambda ctx: O.soft_max(_new(ctx, Type.F32, 37, 5, 3)))
-_graph_case("soft_max_inplace", "soft_max", lambda ctx: O.soft_max_inplace(_new(ctx, Type.F32, 37, 5)))
-for _mt in (Type.F32, Type.F16):
-    _graph_case(f"soft_max_ext(mask {type_name(_mt)})", "soft_max", lambda ctx, mt=_mt:
-                O.soft_max_ext(_new(ctx, Type.F32, 32, 7, 4), _new(ctx, mt, 32, 7), 0.125, 0.0))
-    _graph_case(f"soft_max_ext(mask {type_name(_mt)}, alibi)", "soft_max", lambda ctx, mt=_mt:
-                O.soft_max_ext(_new(ctx, Type.F32, 16, 3, 6), _new(ctx, mt, 16, 4), 1.0, 8.0))
-_graph_case("soft_max_ext(scale only)", "soft_max", lambda ctx:
-            O.soft_max_ext(_new(ctx, Type.F32, 16, 4), None, 0.3))
-_graph_case("diag_mask_inf", "soft_max", lambda ctx: O.diag_mask_inf(_new(ctx, Type.F32, 10, 7, 3), 2))
-_graph_case("diag_mask_inf_inplace", "soft_max", lambda ctx: O.diag_mask_inf_inplace(_new(ctx, Type.F32, 8, 8, 2), 1))
-
-for _mode in (O.ROPE_TYPE_NORMAL, O.ROPE_TYPE_NEOX):
-    _graph_case(f"rope_ext(mode={_mode})", "rope", lambda ctx, m=_mode:
-                O.rope_ext(_new(ctx, Type.F32, 64, 4, 5), _new(ctx, Type.I32, 5), None, 64, m))
-    _graph_case(f"rope_ext(mode={_mode}, freq factors, yarn)", "rope", lambda ctx, m=_mode:
-                O.rope_ext(_new(ctx, Type.F32, 48, 2, 4), _new(ctx, Type.I32, 4), _new(ctx, Type.F32, 16), 32, m,
-                           4096, 500000.0, 0.5, 0.5, 0.8, 16.0, 2.0))
-    _graph_case(f"rope_ext_inplace(mode={_mode}, view)", "rope", lambda ctx, m=_mode:
-                O.rope_ext_inplace(O.view_3d(qkv := _new(ctx, Type.F32, 96, 5), 16, 2, 5, 16 * 4, qkv.nb[1], 64 * 4),
-                                   _new(ctx, Type.I32, 5), None, 16, m))
-
-# -- rows and copies: every type -------------------------------------------------------------------
-for _t in WEIGHT_TYPES:
-    for _it in (Type.I32, Type.I64):
-        _graph_case(f"get_rows({type_name(_t)}, {type_name(_it)} ids)", "rows", lambda ctx, t=_t, it=_it:
-                    O.get_rows(_new(ctx, t, 256, 6, 2), _new(ctx, it, 3, 2)), (_t,))
-        _graph_case(f"set_rows({type_name(_t)}, {type_name(_it)} ids)", "rows", lambda ctx, t=_t, it=_it:
-                    O.set_rows(_new(ctx, t, 256, 6, 2), _new(ctx, Type.F32, 256, 3, 2), _new(ctx, it, 3, 2)), (_t,))
-for _t in WEIGHT_TYPES[1:]:
-    _graph_case(f"cpy(f32 -> {type_name(_t)})", "copy", lambda ctx, t=_t:
-                O.cpy(_new(ctx, Type.F32, 256, 4), _new(ctx, t, 256, 4)), (_t,))
-    _graph_case(f"cpy({type_name(_t)} -> f32)", "copy", lambda ctx, t=_t:
-                O.cpy(_new(ctx, t, 256, 4), _new(ctx, Type.F32, 256, 4)), (_t,))
-_graph_case("get_rows(i32)", "rows", lambda ctx: O.get_rows(_new(ctx, Type.I32, 8, 6), _new(ctx, Type.I32, 3)))
-for _t in (Type.F32, Type.F16, Type.BF16):
-    _graph_case(f"cpy(permuted {type_name(_t)} -> f32)", "copy", lambda ctx, t=_t:
-                O.cpy(O.permute(_new(ctx, t, 8, 6, 4), 1, 0, 2, 3), _new(ctx, Type.F32, 6, 8, 4)), (_t,))
-    _graph_case(f"cpy(f32 -> view of {type_name(_t)})", "copy", lambda ctx, t=_t:
-                O.cpy(_new(ctx, Type.F32, 8, 4), O.view_2d(d := _new(ctx, t, 12, 4), 8, 4, d.nb[1], 0)), (_t,))
-_graph_case("cpy(f32 -> i32)", "copy", lambda ctx: O.cpy(_new(ctx, Type.F32, 8, 4), _new(ctx, Type.I32, 8, 4)))
-_graph_case("cpy(i32 -> f32)", "copy", lambda ctx: O.cpy(_new(ctx, Type.I32, 8, 4), _new(ctx, Type.F32, 8, 4)))
-_graph_case("dup", "copy", lambda ctx: O.dup(_new(ctx, Type.F32, 16, 4)))
-_graph_case("cont(permuted)", "copy", lambda ctx: O.cont(O.permute(_new(ctx, Type.F32, 8, 6, 4, 2), 1, 2, 0, 3)))
-_graph_case("cont(transposed)", "copy", lambda ctx: O.cont(O.transpose(_new(ctx, Type.F32, 8, 6))))
-_graph_case("concat", "shape", lambda ctx: [O.concat(_new(ctx, Type.F32, 8, 4, 3), _new(ctx, Type.F32, 8, 4, 3), d)
-                                             for d in range(3)])
-_graph_case("pad", "shape", lambda ctx: O.pad(_new(ctx, Type.F32, 8, 4, 3), 2, 1, 1))
-_graph_case("repeat", "shape", lambda ctx: O.repeat(_new(ctx, Type.F32, 8, 1, 3), _new(ctx, Type.F32, 8, 4, 3)))
-
-
-# -- mul_mat: every weight type, mat-vec and matrix, single-threaded and threaded sizes --------------
-def _mul_mat(t, k, m, n, permuted=False):
-    def build(ctx):
-        w = _new(ctx, t, k, m)
-        if permuted:  # activations as a permuted view, as attention passes them
-            return O.mul_mat(w, O.permute(_new(ctx, Type.F32, k, 1, n), 0, 2, 1, 3))
-        return O.mul_mat(w, _new(ctx, Type.F32, k, n))
-    return build
-
-
-for _t in WEIGHT_TYPES:
-    for _m, _n in ((16, 1), (16, 4), (16, 32), (4096, 1), (512, 32)):
-        _graph_case(f"mul_mat({type_name(_t)}, m={_m}, n={_n})", "mul_mat", _mul_mat(_t, 256, _m, _n), (_t,))
-    _graph_case(f"mul_mat({type_name(_t)}, permuted activations)", "mul_mat", _mul_mat(_t, 256, 16, 8, True), (_t,))
-_graph_case("mul_mat(f32, broadcast over batch)", "mul_mat", lambda ctx:
-            O.mul_mat(_new(ctx, Type.F32, 32, 16, 2), _new(ctx, Type.F32, 32, 8, 4)))
-
-
-# -- attention as the model runner builds it --------------------------------------------------------
-def _attention(n_tokens, n_kv=64, hd=32, n_head=4, n_head_kv=2):
-    """One layer's attention: rope, K/V written into an F16 cache by set_rows, masked soft_max."""
-    def build(ctx):
-        q = _new(ctx, Type.F32, hd, n_head, n_tokens)
-        k = _new(ctx, Type.F32, hd, n_head_kv, n_tokens)
-        v = _new(ctx, Type.F32, hd * n_head_kv, n_tokens)
-        pos, idx = _new(ctx, Type.I32, n_tokens), _new(ctx, Type.I64, n_tokens)
-        mask = _new(ctx, Type.F32, n_kv, n_tokens)
-        kc, vc = _new(ctx, Type.F16, hd * n_head_kv, n_kv), _new(ctx, Type.F16, hd * n_head_kv, n_kv)
-        q = O.rope_ext(q, pos, None, hd, O.ROPE_TYPE_NORMAL)
-        k = O.rope_ext(k, pos, None, hd, O.ROPE_TYPE_NORMAL)
-        kw = O.set_rows(kc, O.reshape_2d(k, hd * n_head_kv, n_tokens), idx)
-        vw = O.set_rows(vc, v, idx)
-        kv = O.view_3d(kc, hd, n_head_kv, n_kv, kc.nb[1] // n_head_kv, kc.nb[1], 0)
-        vv = O.view_3d(vc, hd, n_head_kv, n_kv, vc.nb[1] // n_head_kv, vc.nb[1], 0)
-        kq = O.soft_max_ext(O.mul_mat(O.permute(kv, 0, 2, 1, 3), O.permute(q, 0, 2, 1, 3)), mask,
-                            1.0 / math.sqrt(hd), 0.0)
-        kqv = O.mul_mat(O.cont(O.permute(vv, 1, 2, 0, 3)), kq)
-        return [kw, vw, O.cont_2d(O.permute(kqv, 0, 2, 1, 3), hd * n_head, n_tokens)]
-    return build
-
-
-for _n in (1, 8, 64):
-    _graph_case(f"attention(n_tokens={_n})", "attention", _attention(_n), (Type.F16,))
+CASES: list[Case] = [Case(c.name, c.family, lambda backend, c=c: _run_op_case(c, backend), c.types)
+                     for c in op_cases.CASES]
 
 
 # -- quantize / dequantize of every type (threaded above 65536 elements) --------------------------------

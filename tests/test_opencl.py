@@ -1,7 +1,8 @@
 """The OpenCL backend (lazyggml/backends/opencl/backend.py) on whatever OpenCL device there is: PoCL's CPU
 device in CI (the test extra installs ``pyopencl[pocl]``). Skipped only when there is none.
 
-* every case of test_backend_ops.CASES that OpenCL claims, against its float64 NumPy oracle;
+* every case of the op-case catalogue (``lazyggml.op_cases``) that OpenCL claims, against its float64
+  NumPy oracle;
 * MUL_MAT for each weight type (F32, F16, Q8_0, Q4_K, Q6_K) through each kernel (mat-vec, tiled,
   the F32/F16 fallback), with broadcasting, strided views and odd sizes, against NumPy on the
   dequantized weights and, where the CPU backend supports the case, against it (GGML's rule:
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 import lazyggml as lg
+from lazyggml import op_cases as table
 from lazyggml.alloc import alloc_ctx_tensors
 from lazyggml.backend import tensor_get, tensor_get_bytes, tensor_set
 from lazyggml.backends.opencl import backend as opencl
@@ -24,8 +26,6 @@ from lazyggml.backends.cpu import backend_cpu_init
 from lazyggml.quants import dequantize, quantize
 from lazyggml.sched import Scheduler
 from lazyggml.types import Type, row_size
-
-import test_backend_ops as table
 
 if lg.dev_by_name("OpenCL0") is None:
     pytest.skip("no OpenCL device (pip install 'lazyggml[opencl]' for PoCL's CPU device), or "

@@ -134,7 +134,7 @@ def test_warmup_compiles_then_loads_then_checks(readonly_package, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     hits, misses = _counts(r)
     assert misses >= 2 and f"kernel cache: {cache}" in r.stdout
-    assert re.search(r"^  miss +\d+\.\d+ s +cpu +lazyggml\.kernels\.cpu\.elementwise\.binary\(", r.stdout, re.M)
+    assert re.search(r"^  miss +\d+\.\d+ s +cpu +lazyggml\.backends\.cpu\.elementwise\.binary\(", r.stdout, re.M)
     assert _cached_files(cache), "nothing was written to the user cache directory"
     assert not _cached_files(readonly_package), "the package folder was written to"
 
