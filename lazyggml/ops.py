@@ -7,9 +7,23 @@ compute nothing; each backend registers its own kernel per op.
 
 GGML's pattern is kept: a constructor that can run in place is an ``_impl(..., inplace)`` with
 two thin wrappers, ``op`` (a fresh result) and ``op_inplace`` (a view of the first operand).
-``op_params`` is a tuple in GGML's order (floats stay floats).
+
+``op_params`` is a plain tuple of ints and floats in GGML's order; the scheduler, graph printing and
+CUDA graph keys compare and hash it as it is. Each op with params declares them once, next to its
+constructor, as a ``NamedTuple`` whose field order *is* that order: the constructor builds the tuple
+from it and the accessor (``rope_params(t)``, ``soft_max_params(t)``, ...) reads it back, so no
+backend indexes ``op_params`` by position. The constants GGML derives from them on the host
+(``rope_yarn_corr_dims``, ``rope_theta_scale``, ``soft_max_alibi``) are here too, in float32 as
+GGML's C computes them, so that every backend gets the same bits.
 """
 from __future__ import annotations
+
+import enum
+import functools
+import math
+from typing import NamedTuple
+
+import numpy as np
 
 from .tensor import Tensor, current_context, MAX_DIMS
 from .types import GluOp, Op, Type, UnaryOp, type_name, type_size
@@ -28,7 +42,14 @@ __all__ = ["Op", "UnaryOp", "GluOp", "ROPE_TYPE_NORMAL", "ROPE_TYPE_NEOX", "VIEW
            "soft_max_ext_inplace", "rope_ext", "rope_ext_inplace", "rope", "rope_inplace", "swiglu",
            "swiglu_swapped", "swiglu_split", "geglu", "geglu_split", "reglu", "reglu_split", "pad_ext",
            "pad", "reshape", "reshape_1d", "reshape_2d", "reshape_3d", "reshape_4d", "view_1d", "view_2d",
-           "view_3d", "view_4d", "permute", "transpose"]
+           "view_3d", "view_4d", "permute", "transpose",
+           # op_params, typed (one NamedTuple per op, its fields in GGML's order), and their accessors
+           "ConcatParams", "UnaryParams", "ScaleParams", "ClampParams", "NormParams", "DiagMaskParams",
+           "SoftMaxParams", "RopeParams", "GluParams", "PadParams", "ViewParams", "PermuteParams",
+           "concat_dim", "unary_op", "scale_params", "clamp_params", "norm_eps", "diag_mask_n_past",
+           "soft_max_params", "rope_params", "glu_params", "pad_params", "view_offset", "permute_axes",
+           # constants GGML derives from op_params on the host
+           "rope_yarn_corr_dims", "rope_theta_scale", "AlibiParams", "soft_max_alibi"]
 
 
 # rope modes (GGML_ROPE_TYPE_*)
@@ -60,9 +81,9 @@ def op_can_inplace(op):
 def op_desc(t):
     """GGML's ``ggml_op_desc``: the sub-op name for UNARY and GLU, else the op name."""
     if t.op == Op.UNARY:
-        return UnaryOp(t.op_params[0]).name
+        return unary_op(t).name
     if t.op == Op.GLU:
-        return GluOp(t.op_params[0]).name
+        return glu_params(t).op.name
     return t.op.name
 
 
@@ -92,11 +113,37 @@ def _result(ctx, a, inplace):
 
 
 def _set(t, op, srcs, params=()):
+    """Record the op; ``params`` (the op's NamedTuple) become a plain tuple: enums and bools as ints,
+    as GGML stores them in its int32 slots."""
     t.op = op
     for i, s in enumerate(srcs):
         t.src[i] = s
-    t.op_params = tuple(params)
+    t.op_params = tuple(int(v) if isinstance(v, (bool, enum.IntEnum)) else v for v in params)
     return t
+
+
+def _read(t, params_type, *ops):
+    """``t.op_params`` as ``params_type``, for a node whose op is one of ``ops``."""
+    if t.op not in ops:
+        raise ValueError(f"{params_type.__name__}: node {t.name!r} is {t.op.name}, not "
+                         f"{' or '.join(op.name for op in ops)}")
+    return params_type._make(t.op_params)
+
+
+# -- C float arithmetic on the host (GGML computes its op constants in C float) -----------------------
+_F32 = np.float32
+
+
+def powf(x, y):
+    """C's ``powf``: the double power of the float32 operands, rounded once to float32. That is
+    glibc's result but in rare last-bit cases; NumPy's float32 power is 1 ulp off already for
+    10000^(-1/32), which moves every angle of a long context."""
+    return _F32(math.pow(float(_F32(x)), float(_F32(y))))
+
+
+def logf(x):
+    """C's ``logf``, the same way (NumPy's float32 log misses glibc's last bit far more often)."""
+    return _F32(math.log(float(_F32(x)))) if x > 0 else _F32(-np.inf if x == 0 else np.nan)
 
 
 def can_repeat(t0, t1):
@@ -231,6 +278,14 @@ def repeat(a, b, *, ctx=None):
     return _set(_ctx(ctx, a).new_tensor(a.type, b.ne), Op.REPEAT, [a])
 
 
+class ConcatParams(NamedTuple):
+    dim: int
+
+
+def concat_dim(t):
+    return _read(t, ConcatParams, Op.CONCAT).dim
+
+
 def concat(a, b, dim, *, ctx=None):
     _need("concat", a, b)
     if a.type != b.type:
@@ -241,7 +296,7 @@ def concat(a, b, dim, *, ctx=None):
         _fail("concat", f"shapes differ outside dim {dim}", a, b)
     ne = list(a.ne)
     ne[dim] += b.ne[dim]
-    return _set(_ctx(ctx, a).new_tensor(a.type, ne), Op.CONCAT, [a, b], (dim,))
+    return _set(_ctx(ctx, a).new_tensor(a.type, ne), Op.CONCAT, [a, b], ConcatParams(dim))
 
 
 # -- element-wise unary ops --------------------------------------------------------------------------
@@ -282,6 +337,15 @@ def cos(a, *, ctx=None):
     return _simple_impl("cos", Op.COS, a, False, ctx)
 
 
+class UnaryParams(NamedTuple):
+    op: UnaryOp
+
+
+def unary_op(t):
+    """The ``UnaryOp`` of an ``Op.UNARY`` node."""
+    return UnaryOp(_read(t, UnaryParams, Op.UNARY).op)
+
+
 def unary(a, uop, *, ctx=None):
     return _unary_impl(a, UnaryOp(uop), False, ctx)
 
@@ -291,7 +355,7 @@ def _unary_impl(a, uop, inplace, ctx):
     _need(name, a)
     if not a.is_contiguous_1():
         _fail(name, "input must be contiguous along its rows", a)
-    return _set(_result(_ctx(ctx, a), a, inplace), Op.UNARY, [a], (int(uop),))
+    return _set(_result(_ctx(ctx, a), a, inplace), Op.UNARY, [a], UnaryParams(uop))
 
 
 def abs(a, *, ctx=None):  # noqa: A001 - GGML's name
@@ -386,11 +450,20 @@ def exp_inplace(a, *, ctx=None):
     return _unary_impl(a, UnaryOp.EXP, True, ctx)
 
 
+class ScaleParams(NamedTuple):
+    s: float
+    b: float
+
+
+def scale_params(t):
+    return _read(t, ScaleParams, Op.SCALE)
+
+
 def _scale_impl(a, s, b, inplace, ctx):
     _need("scale", a)
     if not _is_padded_1d(a):
         _fail("scale", "input must be padded 1-d (rows packed above dim 1)", a)
-    return _set(_result(_ctx(ctx, a), a, inplace), Op.SCALE, [a], (float(s), float(b)))
+    return _set(_result(_ctx(ctx, a), a, inplace), Op.SCALE, [a], ScaleParams(float(s), float(b)))
 
 
 def scale(a, s, *, ctx=None):
@@ -406,12 +479,21 @@ def scale_bias(a, s, b, *, ctx=None):
     return _scale_impl(a, s, b, False, ctx)
 
 
+class ClampParams(NamedTuple):
+    min: float
+    max: float
+
+
+def clamp_params(t):
+    return _read(t, ClampParams, Op.CLAMP)
+
+
 def clamp(a, min, max, *, ctx=None):  # noqa: A002 - GGML's names
     """Clamp to ``[min, max]``; always a view of ``a`` in GGML."""
     _need("clamp", a)
     if min > max:
         _fail("clamp", f"min {min} > max {max}", a)
-    return _set(_ctx(ctx, a).view_tensor(a), Op.CLAMP, [a], (float(min), float(max)))
+    return _set(_ctx(ctx, a).view_tensor(a), Op.CLAMP, [a], ClampParams(float(min), float(max)))
 
 
 # -- reductions ------------------------------------------------------------------------------------
@@ -438,11 +520,20 @@ def argmax(a, *, ctx=None):
 
 
 # -- normalisation ---------------------------------------------------------------------------------
+class NormParams(NamedTuple):
+    eps: float
+
+
+def norm_eps(t):
+    """``eps`` of a NORM or RMS_NORM node."""
+    return _read(t, NormParams, Op.NORM, Op.RMS_NORM).eps
+
+
 def _norm_impl(name, op, a, eps, inplace, ctx):
     _need(name, a)
     if eps < 0:
         _fail(name, f"eps must be non-negative, got {eps}", a)
-    return _set(_result(_ctx(ctx, a), a, inplace), op, [a], (float(eps),))
+    return _set(_result(_ctx(ctx, a), a, inplace), op, [a], NormParams(float(eps)))
 
 
 def norm(a, eps=1e-5, *, ctx=None):
@@ -513,9 +604,17 @@ def set_rows(a, b, c, *, ctx=None):
 
 
 # -- attention helpers ---------------------------------------------------------------------------
+class DiagMaskParams(NamedTuple):
+    n_past: int
+
+
+def diag_mask_n_past(t):
+    return _read(t, DiagMaskParams, Op.DIAG_MASK_INF).n_past
+
+
 def _diag_mask_inf_impl(a, n_past, inplace, ctx):
     _need("diag_mask_inf", a)
-    return _set(_result(_ctx(ctx, a), a, inplace), Op.DIAG_MASK_INF, [a], (int(n_past),))
+    return _set(_result(_ctx(ctx, a), a, inplace), Op.DIAG_MASK_INF, [a], DiagMaskParams(int(n_past)))
 
 
 def diag_mask_inf(a, n_past, *, ctx=None):
@@ -525,6 +624,32 @@ def diag_mask_inf(a, n_past, *, ctx=None):
 
 def diag_mask_inf_inplace(a, n_past, *, ctx=None):
     return _diag_mask_inf_impl(a, n_past, True, ctx)
+
+
+class SoftMaxParams(NamedTuple):
+    scale: float
+    max_bias: float
+
+
+def soft_max_params(t):
+    return _read(t, SoftMaxParams, Op.SOFT_MAX)
+
+
+class AlibiParams(NamedTuple):
+    m0: np.float32
+    m1: np.float32
+    n_head_log2: int
+
+
+@functools.lru_cache(maxsize=64)
+def soft_max_alibi(n_head, max_bias):
+    """ALiBi's constants as GGML's soft_max computes them on the host, in float32: head ``h`` gets
+    the slope ``m0^(h+1)`` below ``n_head_log2`` (the largest power of two <= n_head), else
+    ``m1^(2(h - n_head_log2) + 1)``. With ``max_bias == 0``, m0 = m1 = 1."""
+    n_head_log2 = 1 << int(math.floor(math.log2(n_head))) if n_head > 0 else 1
+    m0 = powf(2.0, -_F32(max_bias) / _F32(n_head_log2))
+    m1 = powf(2.0, -(_F32(max_bias) / _F32(2.0)) / _F32(n_head_log2))
+    return AlibiParams(m0, m1, n_head_log2)
 
 
 def _soft_max_impl(a, mask, scale_, max_bias, inplace, ctx):
@@ -541,7 +666,8 @@ def _soft_max_impl(a, mask, scale_, max_bias, inplace, ctx):
             _fail("soft_max", "mask dims 2, 3 must divide a's", a, mask)
     if max_bias > 0 and mask is None:
         _fail("soft_max", "ALiBi (max_bias > 0) needs a mask", a)
-    return _set(_result(_ctx(ctx, a), a, inplace), Op.SOFT_MAX, [a, mask], (float(scale_), float(max_bias)))
+    return _set(_result(_ctx(ctx, a), a, inplace), Op.SOFT_MAX, [a, mask],
+                SoftMaxParams(float(scale_), float(max_bias)))
 
 
 def soft_max(a, *, ctx=None):
@@ -562,6 +688,47 @@ def soft_max_ext_inplace(a, mask=None, scale=1.0, max_bias=0.0, *, ctx=None):
     return _soft_max_impl(a, mask, scale, max_bias, True, ctx)
 
 
+class RopeParams(NamedTuple):
+    """ROPE's op_params (GGML's ``ggml_rope_impl``): five ints, then the YaRN floats."""
+    n_past: int         # unused, always 0 (GGML keeps the slot)
+    n_dims: int
+    mode: int
+    n_ctx: int          # unused, always 0
+    n_ctx_orig: int
+    freq_base: float
+    freq_scale: float
+    ext_factor: float
+    attn_factor: float
+    beta_fast: float
+    beta_slow: float
+
+
+def rope_params(t):
+    return _read(t, RopeParams, Op.ROPE)
+
+
+def rope_theta_scale(freq_base, n_dims):
+    """GGML's ``theta_scale = powf(freq_base, -2.0f/n_dims)``: pair ``k`` turns by
+    ``pos * theta_scale^k``."""
+    return powf(freq_base, _F32(-2.0) / _F32(n_dims))
+
+
+@functools.lru_cache(maxsize=64)
+def rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
+    """GGML's ``ggml_rope_yarn_corr_dims``, in C float as GGML computes it: the first and last dims
+    YaRN's ramp corrects, as float32 (tests/test_op_params.py checks it against libggml; a float64
+    computation lands on the other side of floor/ceil for some parameters). Cached: the glue asks
+    once per launch."""
+    def corr_dim(n_rot):   # ggml_rope_yarn_corr_dim
+        with np.errstate(divide="ignore", invalid="ignore"):   # n_ctx_orig = 0: -inf, as in C
+            return (_F32(n_dims) * logf(_F32(n_ctx_orig) / (_F32(n_rot) * _F32(2) * _F32(math.pi)))
+                    / (_F32(2) * logf(freq_base)))
+    start = np.floor(corr_dim(beta_fast))
+    end = np.ceil(corr_dim(beta_slow))
+    # C's MAX(0, start) and MIN(n_dims - 1, end)
+    return _F32(0 if 0 > start else start), _F32(n_dims - 1 if n_dims - 1 < end else end)
+
+
 def _rope_impl(a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
                beta_fast, beta_slow, inplace, ctx):
     _need("rope", a, b)
@@ -575,8 +742,11 @@ def _rope_impl(a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_fac
         _need("rope", c)
         if c.type != Type.F32 or c.ne[0] < n_dims // 2:
             _fail("rope", "freq factors must be F32 with at least n_dims/2 entries", a, b, c)
-    params = (0, int(n_dims), int(mode), 0, int(n_ctx_orig), float(freq_base), float(freq_scale),
-              float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow))
+    params = RopeParams(n_past=0, n_dims=int(n_dims), mode=int(mode), n_ctx=0,
+                        n_ctx_orig=int(n_ctx_orig), freq_base=float(freq_base),
+                        freq_scale=float(freq_scale), ext_factor=float(ext_factor),
+                        attn_factor=float(attn_factor), beta_fast=float(beta_fast),
+                        beta_slow=float(beta_slow))
     return _set(_result(_ctx(ctx, a), a, inplace), Op.ROPE, [a, b, c], params)
 
 
@@ -602,6 +772,16 @@ def rope_inplace(a, b, n_dims, mode, *, ctx=None):
     return rope_ext_inplace(a, b, None, n_dims, mode, ctx=ctx)
 
 
+class GluParams(NamedTuple):
+    op: GluOp
+    swapped: bool   # the gate is the first half of the row (one-tensor form only)
+
+
+def glu_params(t):
+    op, swapped = _read(t, GluParams, Op.GLU)
+    return GluParams(GluOp(op), bool(swapped))
+
+
 def _glu_impl(a, b, gop, swapped, ctx):
     name = gop.name.lower()
     _need(name, a)
@@ -616,7 +796,7 @@ def _glu_impl(a, b, gop, swapped, ctx):
         if not b.is_contiguous_1() or b.ne != a.ne or b.type != a.type:
             _fail(name, "a and b must have the same type and shape", a, b)
         ne = a.ne
-    return _set(_ctx(ctx, a).new_tensor(a.type, ne), Op.GLU, [a, b], (int(gop), int(bool(swapped))))
+    return _set(_ctx(ctx, a).new_tensor(a.type, ne), Op.GLU, [a, b], GluParams(gop, bool(swapped)))
 
 
 def swiglu(a, *, ctx=None):
@@ -649,10 +829,25 @@ def reglu_split(a, b, *, ctx=None):
     return _glu_impl(a, b, GluOp.REGLU, False, ctx)
 
 
+class PadParams(NamedTuple):
+    lp0: int
+    rp0: int
+    lp1: int
+    rp1: int
+    lp2: int
+    rp2: int
+    lp3: int
+    rp3: int
+
+
+def pad_params(t):
+    return _read(t, PadParams, Op.PAD)
+
+
 def pad_ext(a, lp0, rp0, lp1=0, rp1=0, lp2=0, rp2=0, lp3=0, rp3=0, *, ctx=None):
     """Zero-pad each dim on the left (``lpN``) and right (``rpN``)."""
     _need("pad", a)
-    p = (lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3)
+    p = PadParams(lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3)
     if any(not isinstance(x, int) or x < 0 for x in p):
         _fail("pad", f"paddings must be non-negative ints, got {list(p)}", a)
     ne = tuple(a.ne[i] + p[2 * i] + p[2 * i + 1] for i in range(MAX_DIMS))
@@ -698,6 +893,14 @@ def reshape_4d(a, ne0, ne1, ne2, ne3, *, ctx=None):
     return _reshape(a, (ne0, ne1, ne2, ne3), ctx)
 
 
+class ViewParams(NamedTuple):
+    offset: int   # bytes into the source's data
+
+
+def view_offset(t):
+    return _read(t, ViewParams, Op.VIEW).offset
+
+
 def _view(a, ne, nb, offset, ctx):
     _need("view", a)
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
@@ -705,7 +908,7 @@ def _view(a, ne, nb, offset, ctx):
     ne = tuple(ne) + (1,) * (MAX_DIMS - len(ne))
     r = _ctx(ctx, a)._new(a.type, ne, nb, view_src=a, view_offs=offset, what="view")
     r.name = f"{a.name} (view)"
-    return _set(r, Op.VIEW, [a], (offset,))
+    return _set(r, Op.VIEW, [a], ViewParams(offset))
 
 
 def view_1d(a, ne0, offset=0, *, ctx=None):
@@ -726,10 +929,22 @@ def view_4d(a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset=0, *, ctx=None):
     return _view(a, (ne0, ne1, ne2, ne3), (type_size(a.type), nb1, nb2, nb3), offset, ctx)
 
 
+class PermuteParams(NamedTuple):
+    axis0: int
+    axis1: int
+    axis2: int
+    axis3: int
+
+
+def permute_axes(t):
+    """Where each dim of the source went, for a PERMUTE or TRANSPOSE node."""
+    return _read(t, PermuteParams, Op.PERMUTE, Op.TRANSPOSE)
+
+
 def permute(a, axis0, axis1, axis2=2, axis3=3, *, ctx=None):
     """Dim ``i`` of ``a`` becomes dim ``axis_i`` of the result (GGML's convention)."""
     _need("permute", a)
-    axes = (axis0, axis1, axis2, axis3)
+    axes = PermuteParams(axis0, axis1, axis2, axis3)
     if sorted(axes) != [0, 1, 2, 3]:
         _fail("permute", f"axes {list(axes)} must be a permutation of 0..3", a)
     ne, nb = [0] * 4, [0] * 4
@@ -747,7 +962,7 @@ def transpose(a, *, ctx=None):
     nb = (a.nb[1], a.nb[0]) + a.nb[2:]
     r = _ctx(ctx, a).view_tensor(a, ne, nb, what="transpose")
     r.name = f"{a.name} (transposed)"
-    return _set(r, Op.TRANSPOSE, [a], (1, 0, 2, 3))
+    return _set(r, Op.TRANSPOSE, [a], PermuteParams(1, 0, 2, 3))
 
 
 # -- operator sugar on Tensor: thin wrappers over the constructors above (tensor.py sits below ops) --

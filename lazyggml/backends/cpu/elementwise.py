@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit, prange
 
 from ... import cache
-from ...ops import GluOp, Op, UnaryOp
+from ...ops import GluOp, Op, UnaryOp, clamp_params, glu_params, scale_params, unary_op
 from ...types import Type
 from . import common, simd
 from .table import forward
@@ -302,18 +302,21 @@ def _all_f32(node):
 
 
 def _unary_supported(node):
-    return _all_f32(node) and (node.op != Op.UNARY or node.op_params[0] in _UNARY_CODES)
+    return _all_f32(node) and (node.op != Op.UNARY or unary_op(node) in _UNARY_CODES)
 
 
 @forward(Op.UNARY, Op.SQR, Op.SQRT, Op.LOG, Op.SIN, Op.COS, Op.SCALE, Op.CLAMP,
          supports=_unary_supported)
 def unary_forward(node, dst, srcs):
-    p = node.op_params
+    p0 = p1 = 0.0
     if node.op == Op.UNARY:
-        code, p0, p1 = p[0], 0.0, 0.0
+        code = int(unary_op(node))
     else:
         code = _OP_CODE[node.op]
-        p0, p1 = (p[0], p[1]) if node.op in (Op.SCALE, Op.CLAMP) else (0.0, 0.0)
+        if node.op == Op.SCALE:
+            p0, p1 = scale_params(node)
+        elif node.op == Op.CLAMP:
+            p0, p1 = clamp_params(node)
     return [launch(unary, dst.size, code, srcs[0], dst, float(p0), float(p1))]
 
 
@@ -330,14 +333,14 @@ def _binary_tiled(code, a, b, dst):
 
 
 def _glu_supported(node):
-    return _all_f32(node) and node.op_params[0] in _GLU_CODES
+    return _all_f32(node) and glu_params(node).op in _GLU_CODES
 
 
 @forward(Op.GLU, supports=_glu_supported)
 def glu_forward(node, dst, srcs):
+    gop, swapped = glu_params(node)
     split = srcs[1] is not None
-    return [launch(glu, dst.size, node.op_params[0], srcs[0], srcs[1] if split else srcs[0], dst,
-                   split, bool(node.op_params[1]))]
+    return [launch(glu, dst.size, int(gop), srcs[0], srcs[1] if split else srcs[0], dst, split, swapped)]
 
 
 # the cache of every kernel above also depends on these files (see cache.tie_cache)

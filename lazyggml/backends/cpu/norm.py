@@ -8,7 +8,7 @@ by the float32 ``1/sqrtf(var + eps)``:
   ``y = (x - mean) * scale``;
 * RMS_NORM: the same with ``mean = 0``: ``ms = (float)(sum(x*x) / n)``, ``y = x * scale``.
 
-``eps`` is ``op_params[0]``. Rows may be strided; the result may alias the input (in place).
+``eps`` is ``ops.norm_eps(node)``. Rows may be strided; the result may alias the input (in place).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 from numba import prange
 
 from ... import cache
-from ...ops import Op
+from ...ops import Op, norm_eps
 from ...types import Type
 from . import common, simd
 from .table import forward
@@ -56,7 +56,7 @@ def _supports(node):
 @forward(Op.NORM, Op.RMS_NORM, supports=_supports)
 def norm_forward(node, dst, srcs):
     mode = _NORM if node.op == Op.NORM else _RMS_NORM
-    return [launch(norm, dst.size, mode, srcs[0], dst, float(node.op_params[0]))]
+    return [launch(norm, dst.size, mode, srcs[0], dst, float(norm_eps(node)))]
 
 
 # the cache of every kernel above also depends on these files (see cache.tie_cache)

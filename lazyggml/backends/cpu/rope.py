@@ -18,9 +18,11 @@ The pair is ``(x[i0], x[i0+1])`` in normal mode and ``(x[k], x[k + n_dims/2])`` 
 ``y0 = x0 cos - x1 sin``, ``y1 = x0 sin + x1 cos`` with ``cos``/``sin`` scaled by ``mscale``.
 Dims from ``n_dims`` to ``ne0`` are copied unchanged.
 
-The float32 arithmetic is GGML's compiled C to the bit: ``powf`` correctly rounded (glibc's), and
-the fused multiply-adds that GCC contracts there (the YaRN mix, its magnitude, the rotation) made
-explicit with ``fmaf``; checked against libggml through ggml-python, positions up to 3000.
+The float32 arithmetic is GGML's compiled C to the bit: ``theta_scale`` and the correction dims
+come from the host (``ops.rope_theta_scale``, ``ops.rope_yarn_corr_dims``, shared by every
+backend), and the fused multiply-adds that GCC contracts in the kernel (the YaRN mix, its
+magnitude, the rotation) are explicit ``fmaf``; checked against libggml through ggml-python,
+positions up to 3000.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ import numpy as np
 from numba import njit, prange
 
 from ... import cache
-from ...ops import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, Op
+from ...ops import (ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, Op, rope_params, rope_theta_scale,
+                    rope_yarn_corr_dims)
 from ...types import Type
 from . import common, simd
 from .table import forward
@@ -43,28 +46,6 @@ _pkernel = parallel_kernel
 
 _F32 = np.float32
 _NO_FF = np.ones(1, np.float32)
-
-
-def powf(x, y):
-    """C's ``powf``: glibc's is correctly rounded, NumPy's float32 power is not (it is 1 ulp off
-    for 10000^(-1/32), which moves every angle of a long context); the double result rounded is."""
-    return _F32(math.pow(float(_F32(x)), float(_F32(y))))
-
-
-def logf(x):
-    return _F32(math.log(float(_F32(x)))) if x > 0 else _F32(-np.inf if x == 0 else np.nan)
-
-
-def yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
-    """GGML's ``ggml_rope_yarn_corr_dims`` in float32: the first and last dims to correct."""
-    def corr_dim(n_rot):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return (_F32(n_dims) * logf(_F32(n_ctx_orig) / (_F32(n_rot) * _F32(2) * _F32(math.pi)))
-                    / (_F32(2) * logf(freq_base)))
-    start = np.floor(corr_dim(beta_fast))
-    end = np.ceil(corr_dim(beta_slow))
-    # C's MAX(0, start) and MIN(n_dims - 1, end)
-    return _F32(0 if 0 > start else start), _F32(n_dims - 1 if n_dims - 1 < end else end)
 
 
 @_kernel
@@ -119,32 +100,29 @@ def rope(x, cache, n_dims, neox, dst):
 
 def _supports(node):
     a, pos, ff = node.src[0], node.src[1], node.src[2]
-    p = node.op_params
-    n_offs = p[15] if len(p) > 15 else 0
     return (node.type == Type.F32 and a.type == Type.F32 and pos.type == Type.I32
-            and (ff is None or ff.type == Type.F32) and p[2] in (ROPE_TYPE_NORMAL, ROPE_TYPE_NEOX)
-            and n_offs == 0)
+            and (ff is None or ff.type == Type.F32)
+            and rope_params(node).mode in (ROPE_TYPE_NORMAL, ROPE_TYPE_NEOX))
 
 
 @functools.lru_cache(maxsize=256)
-def rope_constants(n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
-                   beta_slow):
-    """(theta_scale, corr_dims[0], corr_dims[1], freq_scale, ext_factor, attn_factor): float32
-    values (as Python floats) computed once per parameter set."""
-    corr0, corr1 = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
-    theta_scale = powf(freq_base, _F32(-2.0) / _F32(n_dims))
-    return tuple(float(_F32(v)) for v in (theta_scale, corr0, corr1, freq_scale, ext_factor, attn_factor))
+def rope_constants(p):
+    """``rope_cache``'s (theta_scale, corr_dims[0], corr_dims[1], freq_scale, ext_factor, attn_factor)
+    for the ``RopeParams`` ``p``: float32 values (as Python floats), computed once per parameter set."""
+    corr0, corr1 = rope_yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
+    theta_scale = rope_theta_scale(p.freq_base, p.n_dims)
+    consts = (theta_scale, corr0, corr1, p.freq_scale, p.ext_factor, p.attn_factor)
+    return tuple(float(_F32(v)) for v in consts)
 
 
 @forward(Op.ROPE, supports=_supports)
 def rope_forward(node, dst, srcs):
-    p = node.op_params
-    n_dims, mode = p[1], p[2]
+    p = rope_params(node)
     ff, pos = srcs[2], srcs[1].reshape(-1)
-    cache = np.empty((pos.shape[0], n_dims // 2, 2), np.float32)   # the plan's own scratch
-    return [(rope_cache, (pos, _NO_FF if ff is None else ff.reshape(-1), ff is not None, n_dims,
-                          rope_constants(n_dims, *p[4:11]), cache)),
-            launch(rope, dst.size, srcs[0], cache, n_dims, mode == ROPE_TYPE_NEOX, dst)]
+    cache = np.empty((pos.shape[0], p.n_dims // 2, 2), np.float32)   # the plan's own scratch
+    return [(rope_cache, (pos, _NO_FF if ff is None else ff.reshape(-1), ff is not None, p.n_dims,
+                          rope_constants(p), cache)),
+            launch(rope, dst.size, srcs[0], cache, p.n_dims, p.mode == ROPE_TYPE_NEOX, dst)]
 
 
 # the cache of every kernel above also depends on these files (see cache.tie_cache)

@@ -1,10 +1,10 @@
 """CONCAT, PAD and REPEAT on the CPU: pure data movement, so one kernel each serves every type
 (the elements are moved as raw bits, see ``copy.as_bits``).
 
-* CONCAT (``op_params = (dim,)``): ``dst`` is ``a`` followed by ``b`` along ``dim``. Any type,
+* CONCAT (``ops.concat_dim``): ``dst`` is ``a`` followed by ``b`` along ``dim``. Any type,
   quantized included (GGML's ``concat_any``: along dim 0 a quantized row is whole blocks, so the
   row bytes are simply laid end to end).
-* PAD (``op_params = (lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3)``, ``pad_ext``): ``a`` placed at
+* PAD (``ops.pad_params``: ``lp0, rp0, .., lp3, rp3`` of ``pad_ext``): ``a`` placed at
   offset ``lpN`` in each dim of a zero-filled ``dst`` (GGML's non-circular ``pad_f32``).
 * REPEAT: ``dst[i3, i2, i1, i0] = a[i3 % ne03, i2 % ne02, i1 % ne01, i0 % ne00]``.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from numba import njit
 
 from ... import cache
-from ...ops import Op
+from ...ops import Op, concat_dim, pad_params
 from ...types import is_quantized
 from . import common, simd
 from .table import forward
@@ -76,7 +76,8 @@ def _concat_supported(node):
 
 @forward(Op.CONCAT, supports=_concat_supported)
 def concat_forward(node, dst, srcs):
-    return [(concat, (as_bits(srcs[0]), as_bits(srcs[1]), 3 - node.op_params[0], as_bits(dst)))]
+    # GGML's dim d is axis 3 - d of the NumPy view
+    return [(concat, (as_bits(srcs[0]), as_bits(srcs[1]), 3 - concat_dim(node), as_bits(dst)))]
 
 
 def _plain_supported(node):
@@ -85,8 +86,8 @@ def _plain_supported(node):
 
 @forward(Op.PAD, supports=_plain_supported)
 def pad_forward(node, dst, srcs):
-    p = node.op_params
-    return [(pad, (as_bits(srcs[0]), p[6], p[4], p[2], p[0], as_bits(dst)))]
+    p = pad_params(node)
+    return [(pad, (as_bits(srcs[0]), p.lp3, p.lp2, p.lp1, p.lp0, as_bits(dst)))]
 
 
 @forward(Op.REPEAT, supports=_plain_supported)

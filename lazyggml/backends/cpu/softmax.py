@@ -9,27 +9,26 @@ F32 or F16 (read through its bits).
 
 ALiBi (``max_bias > 0``): head ``h = i2`` of ``n_head = ne02`` gets the slope ``m0^(h+1)`` if
 ``h < n_head_log2`` else ``m1^(2(h - n_head_log2) + 1)``, where ``n_head_log2`` is the largest power
-of two <= n_head, ``m0 = 2^(-max_bias/n_head_log2)`` and ``m1 = 2^(-max_bias/2/n_head_log2)``; all
-float32 with ``powf``, as GGML computes them. Without ALiBi the slope is 1.
+of two <= n_head, ``m0 = 2^(-max_bias/n_head_log2)`` and ``m1 = 2^(-max_bias/2/n_head_log2)``
+(``ops.soft_max_alibi``, shared by every backend); all float32 with ``powf``, as GGML computes them.
+Without ALiBi the slope is 1.
 
 DIAG_MASK_INF: ``y[i1, i0] = -inf`` where ``i0 > n_past + i1``, else ``x``.
 """
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 from numba import njit, prange
 
 from ... import cache
-from ...ops import Op
+from ...ops import Op, diag_mask_n_past, powf, soft_max_alibi, soft_max_params
 from ...types import Type
 from . import common, elementwise, quant, simd
 from .table import forward
 from .common import KIND, as_bits, launch, parallel_kernel, to_f32, unravel_row
 from .elementwise import fmaf, v_expf
-from .rope import powf
 
 _kernel = njit(cache=True, error_model="numpy")
 _pkernel = parallel_kernel
@@ -80,14 +79,11 @@ def diag_mask(x, n_past, value, dst):
 def alibi_slopes(n_head, max_bias):
     """The float32 ALiBi slope of each head, computed as GGML does (1 when ``max_bias`` is 0).
     Cached: treat the array as read-only."""
-    f32 = np.float32
     if max_bias <= 0:
-        return np.ones(n_head, f32)
-    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
-    m0 = powf(2.0, -f32(max_bias) / f32(n_head_log2))
-    m1 = powf(2.0, -(f32(max_bias) / f32(2.0)) / f32(n_head_log2))
+        return np.ones(n_head, np.float32)
+    m0, m1, n_head_log2 = soft_max_alibi(n_head, max_bias)
     return np.array([powf(m0, h + 1) if h < n_head_log2 else powf(m1, 2 * (h - n_head_log2) + 1)
-                     for h in range(n_head)], f32)
+                     for h in range(n_head)], np.float32)
 
 
 def _soft_max_supported(node):
@@ -98,7 +94,7 @@ def _soft_max_supported(node):
 
 @forward(Op.SOFT_MAX, supports=_soft_max_supported)
 def soft_max_forward(node, dst, srcs):
-    scale, max_bias = node.op_params[0], node.op_params[1]
+    scale, max_bias = soft_max_params(node)
     mask_t = node.src[1]
     if mask_t is None:
         mask, mkind = _NO_MASK, KIND[Type.F32]
@@ -114,7 +110,7 @@ def _diag_mask_supported(node):
 
 @forward(Op.DIAG_MASK_INF, supports=_diag_mask_supported)
 def diag_mask_inf_forward(node, dst, srcs):
-    return [(diag_mask, (srcs[0], node.op_params[0], _NEG_INF, dst))]
+    return [(diag_mask, (srcs[0], diag_mask_n_past(node), _NEG_INF, dst))]
 
 
 # the cache of every kernel above also depends on these files (see cache.tie_cache)

@@ -9,7 +9,7 @@ whole family; numba compiles one variant per dtype combination (F32/F16 for the 
   ``ggml_can_repeat``): its index is ``i_k % ne1_k`` in each dim.
 * unary (ABS, NEG, RELU, SIGMOID, TANH, GELU, SILU, EXP ...), ``scale`` (``x·s + b``).
 * GLU (REGLU, GEGLU, SWIGLU): ``act(a)·g`` with ``a``, ``g`` the two halves of a row of src0, or
-  src0 and src1 when split, swapped by op_params[1].
+  src0 and src1 when split, swapped by ``glu_params(node).swapped``.
 * copy (DUP, CONT, CPY): element ``k`` of src in its own shape order goes to element ``k`` of dst in
   dst's, with conversion between F32 and F16 (``cpy`` may reshape).
 """

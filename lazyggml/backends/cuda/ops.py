@@ -1,8 +1,8 @@
 """The glue between graph nodes and kernel launches: one ``@forward`` function per op family.
 
-Each function reads the node's sources, shapes and ``op_params``, turns byte strides into element
-strides and launches on ``be.stream``. ``supports`` functions are honest: what they accept is what
-the kernels compute.
+Each function reads the node's sources, shapes and op params (through ``ops``' typed accessors),
+turns byte strides into element strides and launches on ``be.stream``. ``supports`` functions are
+honest: what they accept is what the kernels compute.
 
 MUL_MAT picks its kernel as below: Q4_K as GGML's ``ggml_cuda_mul_mat`` does for an H200
 (docs/quant-formats.md §6.5); the other paths are lazyggml's choice:
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops import GluOp, Op, UnaryOp
+from ...ops import (Op, glu_params, norm_eps, rope_params, scale_params, soft_max_alibi, soft_max_params,
+                    unary_op)
 from ...types import Type, blck_size, is_quantized, type_size
 from .table import forward
 from .common import Q8_1_INTS
@@ -100,13 +101,13 @@ def binary_op(be, node):
         n, ne[0], ne[1], ne[2], *elem_strides(a), *b.ne, *elem_strides(b), *elem_strides(node))
 
 
-@forward(Op.UNARY, supports=lambda n: _all(n, (F32,)) and UnaryOp(n.op_params[0]) in UNARY_OPS)
-def unary_op(be, node):
+@forward(Op.UNARY, supports=lambda n: _all(n, (F32,)) and unary_op(n) in UNARY_OPS)
+def unary_forward(be, node):
     a = node.src[0]
     n = node.nelements()
     ne = node.ne
     unary[grid_for(n), BLOCK, be.stream](
-        int(node.op_params[0]), be.view(a, np.float32), be.view(node, np.float32), n, ne[0], ne[1], ne[2],
+        int(unary_op(node)), be.view(a, np.float32), be.view(node, np.float32), n, ne[0], ne[1], ne[2],
         *elem_strides(a), *elem_strides(node))
 
 
@@ -115,16 +116,16 @@ def scale_op(be, node):
     a = node.src[0]
     n = node.nelements()
     ne = node.ne
-    s, bias = node.op_params
+    s, bias = scale_params(node)
     scale[grid_for(n), BLOCK, be.stream](
         be.view(a, np.float32), be.view(node, np.float32), np.float32(s), np.float32(bias), n, ne[0], ne[1],
         ne[2], *elem_strides(a), *elem_strides(node))
 
 
-@forward(Op.GLU, supports=lambda n: _all(n, (F32,)) and GluOp(n.op_params[0]) in GLU_OPS)
+@forward(Op.GLU, supports=lambda n: _all(n, (F32,)) and glu_params(n).op in GLU_OPS)
 def glu_op(be, node):
     a, g = node.src[0], node.src[1]
-    swapped = node.op_params[1]
+    gop, swapped = glu_params(node)
     ne = node.ne
     if g is None:     # one tensor: value and gate are the two halves of each row
         va = be.view(a, np.float32)
@@ -137,7 +138,7 @@ def glu_op(be, node):
         va, vg, sa, sg = vg, va, sg, sa
     n = node.nelements()
     glu[grid_for(n), BLOCK, be.stream](
-        int(node.op_params[0]), va, vg, be.view(node, np.float32), n, ne[0], ne[1], ne[2], *sa[1:], *sg[1:],
+        int(gop), va, vg, be.view(node, np.float32), n, ne[0], ne[1], ne[2], *sa[1:], *sg[1:],
         *elem_strides(node)[1:])
 
 
@@ -192,7 +193,7 @@ def set_rows_op(be, node):
 def norm_op(be, node):
     a = node.src[0]
     launch_norm(be.stream, node.op == Op.RMS_NORM, be.view(a, np.float32), be.view(node, np.float32), a, node,
-                node.op_params[0])
+                norm_eps(node))
 
 
 def _supports_soft_max(node):
@@ -206,7 +207,9 @@ def soft_max_op(be, node):
     a, mask = node.src[0], node.src[1]
     x = be.view(a, np.float32)
     mv = x if mask is None else be.view(mask, DTYPE[mask.type])
-    launch_soft_max(be.stream, x, mv, be.view(node, np.float32), a, mask, *node.op_params)
+    scale_, max_bias = soft_max_params(node)
+    launch_soft_max(be.stream, x, mv, be.view(node, np.float32), a, mask, scale_, max_bias,
+                    soft_max_alibi(a.ne[2], max_bias))
 
 
 @forward(Op.ROPE, supports=lambda n: n.type == F32 and n.src[0].type == F32 and n.src[0].nb[0] == 4)
@@ -214,4 +217,4 @@ def rope_op(be, node):
     a, pos, ff = node.src[0], node.src[1], node.src[2]
     launch_rope(be.stream, be.view(a, np.float32), be.view(pos, np.int32),
                 None if ff is None else be.view(ff, np.float32), be.view(node, np.float32), a, node,
-                node.op_params)
+                rope_params(node))

@@ -9,8 +9,10 @@ token. Within the first ``n_dims`` values of a head, pair ``p`` is rotated by
 
 Values past ``n_dims`` are copied. YaRN (GGML's ``rope_yarn``): divide by the optional frequency
 factor, ``theta_interp = freq_scale · theta_extrap``; with ``ext_factor != 0`` the two are mixed by
-a ramp between the correction dims ``corr0 .. corr1`` (computed on the host) and the magnitude
-gets ``1 + 0.1·ln(1/freq_scale)``; ``attn_factor`` scales the result.
+a ramp between the correction dims ``corr0 .. corr1`` and the magnitude gets
+``1 + 0.1·ln(1/freq_scale)``; ``attn_factor`` scales the result. ``theta_scale`` and the correction
+dims come from the host in float32, as GGML computes them (``ops.rope_theta_scale``,
+``ops.rope_yarn_corr_dims``, shared by every backend).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from ...ops import ROPE_TYPE_NEOX
+from ...ops import ROPE_TYPE_NEOX, rope_theta_scale, rope_yarn_corr_dims
 from .common import device, jit_kernel, F32_ONE, F32_ZERO
 from .elementwise import BLOCK, grid_for
 
@@ -76,26 +78,15 @@ def rope(x, pos, ff, has_ff, dst, neox, n, ne0, ne1, ne2, n_dims, s1, s2, s3, sd
         p += cuda.gridDim.x * cuda.blockDim.x
 
 
-def yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
-    """GGML's ``ggml_rope_yarn_corr_dims``: the dims where the ramp starts and ends."""
-    def corr_dim(n_rot):   # C's logf(0) is -inf: then the ramp covers every dim (unused unless ext_factor != 0)
-        r = n_ctx_orig / (n_rot * 2 * math.pi)
-        return n_dims * (math.log(r) if r > 0 else -math.inf) / (2 * math.log(freq_base))
-    start, end = corr_dim(beta_fast), corr_dim(beta_slow)
-    start = math.floor(start) if math.isfinite(start) else start
-    end = math.ceil(end) if math.isfinite(end) else end
-    return max(0.0, start), min(n_dims - 1.0, end)
-
-
-def launch_rope(stream, x, pos, ff, dst, src, dst_t, params):
-    _, n_dims, mode, _, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = params
+def launch_rope(stream, x, pos, ff, dst, src, dst_t, p):
+    """``p``: the node's ``RopeParams``."""
     ne = src.ne
     s = [nb // 4 for nb in src.nb]
     sd = [nb // 4 for nb in dst_t.nb]
-    corr0, corr1 = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    corr0, corr1 = rope_yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
     n = ne[0] // 2 * ne[1] * ne[2] * ne[3]
     f32 = np.float32
     rope[grid_for(n), BLOCK, stream](
-        x, pos, x if ff is None else ff, ff is not None, dst, mode == ROPE_TYPE_NEOX, n, ne[0], ne[1], ne[2],
-        n_dims, s[1], s[2], s[3], sd[1], sd[2], sd[3], f32(freq_base ** (-2.0 / n_dims)), f32(freq_scale),
-        f32(ext_factor), f32(attn_factor), f32(corr0), f32(corr1))
+        x, pos, x if ff is None else ff, ff is not None, dst, p.mode == ROPE_TYPE_NEOX, n, ne[0], ne[1],
+        ne[2], p.n_dims, s[1], s[2], s[3], sd[1], sd[2], sd[3], rope_theta_scale(p.freq_base, p.n_dims),
+        f32(p.freq_scale), f32(p.ext_factor), f32(p.attn_factor), corr0, corr1)

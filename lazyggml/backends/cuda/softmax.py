@@ -5,8 +5,9 @@ The mask (F32 or F16, rows contiguous) is indexed by the row ``i1`` and broadcas
 (``i2 % mask.ne[2]``). ``slope`` is 1, or ALiBi's per-head slope when ``max_bias > 0``: for head
 ``h = i2``, ``m0^(h+1)`` below ``n_head_log2`` (the largest power of two <= n_head) and
 ``m1^(2·(h − n_head_log2) + 1)`` above, with ``m0 = 2^(−max_bias/n_head_log2)``,
-``m1 = 2^(−max_bias/2/n_head_log2)``. Three passes over the row: the max, the exponentials (kept
-in dst) and their sum, the division.
+``m1 = 2^(−max_bias/2/n_head_log2)``, computed on the host in float32 as GGML does
+(``ops.soft_max_alibi``, shared by every backend). Three passes over the row: the max, the
+exponentials (kept in dst) and their sum, the division.
 """
 from __future__ import annotations
 
@@ -59,18 +60,15 @@ def soft_max(x, mask, has_mask, dst, ne0, ne1, ne2, nrows, mne1, mne2, mne3, ms1
             dst[xb + k] *= inv
 
 
-def launch_soft_max(stream, x, mask_view, dst, src, mask, scale, max_bias):
+def launch_soft_max(stream, x, mask_view, dst, src, mask, scale, max_bias, alibi):
+    """``alibi``: ``ops.soft_max_alibi(n_head, max_bias)``."""
     ne = src.ne
     if mask is None:
         mne, ms, has_mask = (1, 1, 1), (0, 0, 0), False
     else:
         e = mask.nb[0]
         mne, ms, has_mask = mask.ne[1:], (mask.nb[1] // e, mask.nb[2] // e, mask.nb[3] // e), True
-    n_head = ne[2]
-    n_head_log2 = 1 << int(math.floor(math.log2(n_head))) if n_head > 0 else 1
-    m0 = 2.0 ** (-max_bias / n_head_log2)
-    m1 = 2.0 ** (-max_bias / 2.0 / n_head_log2)
     nrows = ne[1] * ne[2] * ne[3]
     soft_max[row_grid(nrows), row_block_size(ne[0]), stream](
         x, mask_view, has_mask, dst, ne[0], ne[1], ne[2], nrows, mne[0], mne[1], mne[2], ms[0], ms[1], ms[2],
-        np.float32(scale), np.float32(max_bias), np.float32(m0), np.float32(m1), n_head_log2)
+        np.float32(scale), np.float32(max_bias), alibi.m0, alibi.m1, alibi.n_head_log2)

@@ -1,16 +1,17 @@
 """The OpenCL glue: one ``@forward`` function per op family, enqueuing the ``.cl`` kernels.
 
 Each function passes its tensors as ``targ(t)`` pairs (buffer and ``tensor_t``), reads the node's
-``op_params`` and picks the kernel and work sizes; each ``supports`` claims exactly what the
-kernels compute.
+op params (through ``ops``' typed accessors) and picks the kernel and work sizes; each ``supports``
+claims exactly what the kernels compute. Host-derived constants (ROPE's correction dims, ALiBi's
+m0, m1) come from ``ops``, the same bits every backend gets.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ...ops import ROPE_TYPE_NEOX, Op, UnaryOp
+from ...ops import (ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, Op, clamp_params, concat_dim, diag_mask_n_past,
+                    glu_params, norm_eps, pad_params, rope_params, rope_theta_scale, rope_yarn_corr_dims,
+                    scale_params, soft_max_alibi, soft_max_params, unary_op)
 from ...types import Type, type_size
 from .backend import targ
 from .program import BINARY_OPS, EW_CODES, MAX_LANES, lanes_for
@@ -47,10 +48,10 @@ def _index(t):
 def _unary(be, node):
     p0 = p1 = 0.0
     if node.op == Op.UNARY:
-        code = EW_CODES[f"EW_{UnaryOp(node.op_params[0]).name}"]
+        code = EW_CODES[f"EW_{unary_op(node).name}"]
     elif node.op in (Op.SCALE, Op.CLAMP):
         code = EW_CODES[f"EW_{node.op.name}"]
-        p0, p1 = node.op_params
+        p0, p1 = scale_params(node) if node.op == Op.SCALE else clamp_params(node)
     else:
         code = EW_CODES[_SIMPLE_EW[node.op]]
     be.launch_rows("kernel_unary", node, *targ(node.src[0]), *targ(node), np.int32(code), np.float32(p0),
@@ -66,18 +67,19 @@ def _binary(be, node):
 @forward(Op.GLU, supports=_all_f32)
 def _glu(be, node):
     a, b = node.src[0], node.src[1]
+    gop, swapped = glu_params(node)
     if b is None:  # value and gate are the two halves of each row of a
         half = node.ne[0] * a.nb[0]
-        swapped = node.op_params[1]
         x, g = targ(a, half if swapped else 0), targ(a, 0 if swapped else half)
     else:
         x, g = targ(a), targ(b)
-    be.launch_rows("kernel_glu", node, *x, *g, *targ(node), np.int32(node.op_params[0]))
+    be.launch_rows("kernel_glu", node, *x, *g, *targ(node), np.int32(gop))
 
 
 @forward(Op.DIAG_MASK_INF, supports=_all_f32)
 def _diag_mask_inf(be, node):
-    be.launch_rows("kernel_diag_mask_inf", node, *targ(node.src[0]), *targ(node), np.int32(node.op_params[0]))
+    be.launch_rows("kernel_diag_mask_inf", node, *targ(node.src[0]), *targ(node),
+                   np.int32(diag_mask_n_past(node)))
 
 
 @forward(Op.SUM_ROWS, Op.MEAN, supports=_all_f32)
@@ -100,7 +102,7 @@ def _argmax(be, node):
 @forward(Op.NORM, Op.RMS_NORM, supports=_all_f32)
 def _norm(be, node):
     a = node.src[0]
-    be.launch_rows("kernel_norm", a, *targ(a), *targ(node), np.float32(node.op_params[0]),
+    be.launch_rows("kernel_norm", a, *targ(a), *targ(node), np.float32(norm_eps(node)),
                    np.int32(node.op == Op.RMS_NORM))
 
 
@@ -112,46 +114,33 @@ def _soft_max_ok(node):
 @forward(Op.SOFT_MAX, supports=_soft_max_ok)
 def _soft_max(be, node):
     a, mask = node.src[0], node.src[1]
-    scale, max_bias = node.op_params
+    scale, max_bias = soft_max_params(node)
     # ALiBi (GGML's soft_max): heads below the largest power of two <= n_head get m0^(h+1),
     # the others m1^(2(h - n_head_log2) + 1)
-    n_head_log2 = 1 << int(math.floor(math.log2(a.ne[2])))
-    m0 = np.float32(2.0) ** np.float32(-max_bias / n_head_log2)
-    m1 = np.float32(2.0) ** np.float32(-(max_bias / 2.0) / n_head_log2)
+    m0, m1, n_head_log2 = soft_max_alibi(a.ne[2], max_bias)
     mask_type = 0 if mask is None else (1 if mask.type == Type.F32 else 2)
     be.launch_rows("kernel_soft_max", a, *targ(a), *targ(mask if mask is not None else a), *targ(node),
-                   np.int32(mask_type), np.float32(scale), np.float32(max_bias), np.float32(m0), np.float32(m1),
+                   np.int32(mask_type), np.float32(scale), np.float32(max_bias), m0, m1,
                    np.int32(n_head_log2), lanes=lanes_for(a.ne[0], MAX_LANES))
 
 
 def _rope_ok(node):
     a, pos, ff = node.src[0], node.src[1], node.src[2]
     return (_f32(node, a) and pos.type == Type.I32 and (ff is None or ff.type == Type.F32)
-            and node.op_params[2] in (0, ROPE_TYPE_NEOX))
-
-
-def rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
-    """GGML's ``ggml_rope_yarn_corr_dims``, in float32 as GGML computes it."""
-    f = np.float32
-
-    def corr_dim(n_rot):
-        return f(n_dims) * np.log(f(n_ctx_orig) / (f(n_rot) * f(2) * f(np.pi))) / (f(2) * np.log(f(freq_base)))
-
-    with np.errstate(divide="ignore"):  # n_ctx_orig = 0 gives -inf, as in GGML
-        start, end = np.floor(corr_dim(beta_fast)), np.ceil(corr_dim(beta_slow))
-    return max(f(0), start), min(f(n_dims - 1), end)
+            and rope_params(node).mode in (ROPE_TYPE_NORMAL, ROPE_TYPE_NEOX))
 
 
 @forward(Op.ROPE, supports=_rope_ok)
 def _rope(be, node):
     a, pos, ff = node.src[0], node.src[1], node.src[2]
-    (_, n_dims, mode, _, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
-     beta_slow) = node.op_params
-    corr0, corr1 = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    p = rope_params(node)
+    corr0, corr1 = rope_yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
     be.launch_rows("kernel_rope", node, *targ(a), *targ(pos), *targ(ff if ff is not None else pos),
-                   np.int32(ff is not None), *targ(node), np.int32(n_dims), np.int32(mode == ROPE_TYPE_NEOX),
-                   np.float32(freq_base), np.float32(freq_scale), np.float32(ext_factor), np.float32(attn_factor),
-                   np.float32(corr0), np.float32(corr1), lanes=lanes_for(max(n_dims // 2, a.ne[0] - n_dims)))
+                   np.int32(ff is not None), *targ(node), np.int32(p.n_dims),
+                   np.int32(p.mode == ROPE_TYPE_NEOX), np.float32(rope_theta_scale(p.freq_base, p.n_dims)),
+                   np.float32(p.freq_scale),
+                   np.float32(p.ext_factor), np.float32(p.attn_factor), corr0, corr1,
+                   lanes=lanes_for(max(p.n_dims // 2, a.ne[0] - p.n_dims)))
 
 
 def _get_rows_ok(node):
@@ -200,14 +189,14 @@ def _moves_ok(node):
 @forward(Op.CONCAT, supports=_moves_ok)
 def _concat(be, node):
     be.launch_rows(f"kernel_concat_{_MOVE_SIZES[node.type]}", node, *targ(node.src[0]), *targ(node.src[1]),
-                   *targ(node), np.int32(node.op_params[0]))
+                   *targ(node), np.int32(concat_dim(node)))
 
 
 @forward(Op.PAD, supports=_moves_ok)
 def _pad(be, node):
-    lp = node.op_params[0::2]
+    p = pad_params(node)   # the left paddings: the result's shape implies the right ones
     be.launch_rows(f"kernel_pad_{_MOVE_SIZES[node.type]}", node, *targ(node.src[0]), *targ(node),
-                   *(np.int32(p) for p in lp))
+                   np.int32(p.lp0), np.int32(p.lp1), np.int32(p.lp2), np.int32(p.lp3))
 
 
 @forward(Op.REPEAT, supports=_moves_ok)

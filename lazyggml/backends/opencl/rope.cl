@@ -2,7 +2,8 @@
 // src0 [head_dim, n_head, n_tokens, ne3], positions pos (I32) [n_tokens], optional frequency
 // factors ff (F32) [n_dims/2]. One work-group per row (i1 = head, i2 = token, i3); lane pairs.
 //
-// Pair p (0 <= p < n_dims/2) rotates by theta = pos[i2] * freq_base^(-2p/n_dims) / ff[p]:
+// Pair p (0 <= p < n_dims/2) rotates by theta = pos[i2] * theta_scale^p / ff[p], with theta_scale =
+// freq_base^(-2/n_dims) computed once on the host (ops.rope_theta_scale, shared by every backend):
 // normal mode rotates elements (2p, 2p+1), NeoX rotates (p, p + n_dims/2). Elements past n_dims
 // are copied. GGML's CPU builds theta by repeated multiplication; here it is computed directly
 // (as GGML's GPU backends do), which differs in the last bits only.
@@ -23,11 +24,10 @@ static inline float2 rope_yarn(float theta_extrap, float freq_scale, float corr0
 
 kernel void kernel_rope(global const char *src0, tensor_t a, global const char *pos, tensor_t p,
                         global const char *ff, tensor_t f, int has_ff, global char *dst, tensor_t d,
-                        int n_dims, int neox, float freq_base, float freq_scale, float ext_factor,
+                        int n_dims, int neox, float theta_scale, float freq_scale, float ext_factor,
                         float attn_factor, float corr0, float corr1) {
     ROW_IDS;
     const float position = (float)*(global const int *)T_PTR(pos, p, i2, 0, 0, 0);
-    const float theta_scale = pow(freq_base, -2.0f / n_dims);
     const int half_dims = n_dims / 2;
     for (int ip = lane; ip < half_dims; ip += nl) {
         const int i0 = 2 * ip;
