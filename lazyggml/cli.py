@@ -1,10 +1,18 @@
-"""The ``lazyggml`` command line: ``demo`` and ``info``."""
+"""The ``lazyggml`` command line: ``demo``, ``generate``, ``info``, ``warmup`` and ``graph-demo``.
+
+Every option is checked when it is parsed (a bad value is one ``lazyggml: error:`` line naming the
+option, exit 2); a value that is capped says so on stderr; an error the user can cause while running
+(a bad file, an impossible offload) is one line and exit 1; Ctrl-C is one line and exit 130.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
+
+from . import __version__
 
 _T0 = time.perf_counter()  # process start, near enough: the CLI module is imported first
 
@@ -93,9 +101,44 @@ def _ratios(text):
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
 
 
+def _number(kind, lo=None, hi=None, lo_open=False):
+    """An argparse type: a ``kind`` (int or float) in [lo, hi] ((lo, hi] with ``lo_open``)."""
+    def parse(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if lo is not None and (v <= lo if lo_open else v < lo) or hi is not None and v > hi:
+            lo_s = "" if lo is None else f"{'>' if lo_open else '>='} {lo}"
+            hi_s = "" if hi is None else f"<= {hi}"
+            raise argparse.ArgumentTypeError(f"must be {' and '.join(x for x in (lo_s, hi_s) if x)}, got {text}")
+        return v
+    return parse
+
+
+def _usable_cpus():
+    """The CPUs this process may run on (its affinity), which is what threads can use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # not on Linux
+        return os.cpu_count() or 1
+
+
+def _check_run_options(args):
+    """What argparse cannot check alone: option combinations, and caps (said on stderr)."""
+    if args.device and args.n_gpu_layers == 0:
+        raise ValueError(f"--device {args.device} offloads nothing without -ngl N (N > 0)")
+    if args.threads is not None and args.threads > _usable_cpus():
+        print(f"lazyggml: note: -t {args.threads} capped to {_usable_cpus()}, the CPUs this process may use",
+              file=sys.stderr)
+        args.threads = _usable_cpus()
+
+
 def _generate(args, path=None):
     from .models.llama import load_model
 
+    _check_run_options(args)
     path = path or args.model
     model = load_model(path, n_gpu_layers=args.n_gpu_layers, device=args.device, n_ctx=args.ctx_size,
                        n_threads=args.threads, progress=sys.stderr.isatty(), tensor_split=args.tensor_split,
@@ -104,6 +147,9 @@ def _generate(args, path=None):
     print(f"loaded {path} in {model.load_time:.2f} s: {model.hp.n_layer} layers, n_embd {model.hp.n_embd}, "
           f"vocab {model.hp.n_vocab}; backends {backends}")
     print(f"layers: {_placement(model)}")
+    if args.ctx_size is not None and args.ctx_size > model.n_ctx:
+        print(f"lazyggml: note: -c {args.ctx_size} capped to {model.n_ctx}, the model's training context",
+              file=sys.stderr)
     stats = {}
     sys.stdout.write(args.prompt)
     for piece in model.generate(args.prompt, args.n_predict, temp=args.temp, top_k=args.top_k,
@@ -118,6 +164,9 @@ def _generate(args, path=None):
     print(f"decode: {stats['n_decoded'] / max(stats['decode_s'], 1e-9):.1f} tokens/s "
           f"({stats['n_decoded']} tokens)")
     print(f"splits: {stats['n_splits']}")
+    if stats.get("stop") == "context":
+        print(f"lazyggml: note: stopped after {stats['n_decoded']} of {args.n_predict} tokens: the context of "
+              f"{model.n_ctx} tokens is full (-c)", file=sys.stderr)
     return 0
 
 
@@ -170,36 +219,53 @@ def _warmup(args):
                   jobs=args.jobs, check=args.check)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="lazyggml", description="GGML-compatible tensor runtime")
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as the one line every other error is."""
+
+    def error(self, message):
+        self.exit(2, f"lazyggml: error: {message} (see lazyggml {self.prog.split()[-1]} --help)\n")
+
+
+def build_parser():
+    p = _Parser(prog="lazyggml", description="GGML-compatible tensor runtime")
+    p.add_argument("--version", action="version", version=f"lazyggml {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
+
     def sampling_args(sp, prompt, n_predict):
-        sp.add_argument("-p", "--prompt", default=prompt)
-        sp.add_argument("-n", "--n-predict", type=int, default=n_predict)
-        sp.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
+        sp.add_argument("-p", "--prompt", default=prompt, help=f"the text to continue (default {prompt!r})")
+        sp.add_argument("-n", "--n-predict", type=_number(int, 0), default=n_predict,
+                        help=f"tokens to generate (default {n_predict}); generation also stops at the end of "
+                             "the context or at an end-of-generation token")
+        sp.add_argument("-ngl", "--n-gpu-layers", type=_number(int, 0), default=0,
                         help="offload the last N layers (above the layer count: the output too)")
         sp.add_argument("--device", default=None,
-                        help="devices to offload to, comma-separated, e.g. CUDA0,CUDA1 (default: every GPU)")
+                        help="devices to offload to, comma-separated, e.g. CUDA0,CUDA1 (default: every GPU); "
+                             "needs -ngl")
         sp.add_argument("-ts", "--tensor-split", default=None, type=_ratios,
                         help="share of the offloaded layers per device, e.g. 3,1 (default: by free memory)")
-        sp.add_argument("-c", "--ctx-size", type=int, default=None)
-        sp.add_argument("-ub", "--ubatch-size", type=int, default=None,
+        sp.add_argument("-c", "--ctx-size", type=_number(int, 1), default=None,
+                        help="context length in tokens (default and maximum: the model's training context)")
+        sp.add_argument("-ub", "--ubatch-size", type=_number(int, 1), default=None,
                         help="prompt tokens per micro-batch (default 64 on the CPU, 512 when all layers are on a GPU)")
-        sp.add_argument("-t", "--threads", type=int, default=None)
-        sp.add_argument("--temp", type=float, default=0.8)
-        sp.add_argument("--top-k", type=int, default=40)
-        sp.add_argument("--top-p", type=float, default=0.95)
-        sp.add_argument("--seed", type=int, default=None)
+        sp.add_argument("-t", "--threads", type=_number(int, 1), default=None,
+                        help="CPU threads (default and maximum: the CPUs this process may use)")
+        sp.add_argument("--temp", type=_number(float, 0.0), default=0.8,
+                        help="sampling temperature; 0 picks the most likely token (default 0.8)")
+        sp.add_argument("--top-k", type=_number(int, 0), default=40,
+                        help="sample among the K most likely tokens; 0 means all (default 40)")
+        sp.add_argument("--top-p", type=_number(float, 0.0, 1.0, lo_open=True), default=0.95,
+                        help="sample among the most likely tokens whose probabilities add up to P (default 0.95)")
+        sp.add_argument("--seed", type=int, default=None, help="random seed of the sampler (default: random)")
 
     d = sub.add_parser("demo", help="generate text with the embedded default model")
     sampling_args(d, "And God said", 48)
     d.set_defaults(fn=_demo)
     gen = sub.add_parser("generate", help="generate text with a GGUF model")
-    gen.add_argument("model")
+    gen.add_argument("model", help="path of a GGUF file (a LLaMA-family model)")
     sampling_args(gen, "Once upon a time", 64)
     gen.set_defaults(fn=_generate)
     gd = sub.add_parser("graph-demo", help="build and compute a small graph, compared with NumPy")
-    gd.add_argument("--seed", type=int, default=0)
+    gd.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
     gd.set_defaults(fn=_graph_demo)
     i = sub.add_parser("info", help="list devices and buffer types")
     i.set_defaults(fn=_info)
@@ -207,15 +273,22 @@ def main(argv=None):
     w.add_argument("--backend", help="comma-separated: cpu, opencl, cuda (default: every one present)")
     w.add_argument("--types", help="comma-separated tensor types, e.g. q4_K,q6_K (default: all)")
     w.add_argument("--cases", help="comma-separated name patterns of the cases to run, e.g. 'mul_mat*'")
-    w.add_argument("-j", "--jobs", type=int, default=1, help="compile in this many processes")
+    w.add_argument("-j", "--jobs", type=_number(int, 1), default=1, help="compile in this many processes")
     w.add_argument("--check", action="store_true",
                    help="compile nothing; exit 1 when any kernel would have to be compiled")
     w.set_defaults(fn=_warmup)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     from .gguf_io import GGUFError
     try:
         return args.fn(args)
-    except (OSError, ValueError, GGUFError) as e:   # bad input: say what, without a traceback
+    except KeyboardInterrupt:
+        print("lazyggml: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, RuntimeError, GGUFError) as e:   # bad input: say what, without a traceback
         print(f"lazyggml: error: {e}", file=sys.stderr)
         return 1
 

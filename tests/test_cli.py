@@ -1,4 +1,5 @@
 """The command line: the lines scripts read (the output README documents) and clear errors."""
+import argparse
 import re
 
 import pytest
@@ -32,10 +33,66 @@ def test_generate_missing_file_is_a_clear_error(tmp_path, capsys):
 
 
 def test_bad_offload_options_are_clear_errors(capsys):
-    """A bad micro-batch size: one line, exit 1 (a tensor split that does not fit the devices
-    raises the same way: test_llama.py); ratios that are not numbers: argparse's usage error."""
-    assert main(["demo", "-n", "1", "-ub", "-4"]) == 1
-    assert "n_batch must be positive" in capsys.readouterr().err
+    """A bad micro-batch size or ratios that are not numbers: a usage error when parsed, one line,
+    exit 2 (load_model's own checks, e.g. a tensor split that does not fit: test_llama.py)."""
+    for argv, text in ((["-ub", "-4"], "-ub/--ubatch-size: must be >= 1"),
+                       (["-ts", "a,b"], "expected numbers separated by commas")):
+        with pytest.raises(SystemExit) as e:
+            main(["demo", "-n", "1", *argv])
+        assert e.value.code == 2 and text in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["-n", "-5"], "-n/--n-predict"), (["-t", "0"], "-t/--threads"), (["--temp", "-1"], "--temp"),
+    (["-ngl", "-3"], "-ngl/--n-gpu-layers"), (["-c", "0"], "-c/--ctx-size"), (["--top-p", "1.5"], "--top-p"),
+    (["--top-k", "-1"], "--top-k"), (["-ub", "x"], "-ub/--ubatch-size"), (["-n", "1.5"], "-n/--n-predict"),
+])
+def test_bad_option_values_are_one_line_usage_errors(argv, option, capsys):
     with pytest.raises(SystemExit) as e:
-        main(["demo", "-ts", "a,b"])
-    assert e.value.code == 2 and "expected numbers separated by commas" in capsys.readouterr().err
+        main(["demo", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"lazyggml: error: argument {option}:")
+
+
+def test_every_option_has_help():
+    from lazyggml.cli import build_parser
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {a.option_strings or a.dest}" for name, sp in sub.choices.items() for a in sp._actions
+               if not isinstance(a, argparse._HelpAction) and not a.help]
+    assert missing == []
+
+
+def test_version(capsys):
+    import lazyggml
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"lazyggml {lazyggml.__version__}"
+
+
+def test_caps_and_stops_are_said(capsys):
+    """-t above the usable CPUs and -c above the training context are capped with a note; a
+    generation cut short by a full context says so."""
+    assert main(["demo", "-n", "100", "-t", "99", "-c", "4096", "--seed", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "-t 99 capped to" in err and "-c 4096 capped to 256" in err
+    assert main(["demo", "-n", "100", "-c", "16", "--seed", "1"]) == 0
+    assert re.search(r"stopped after \d+ of 100 tokens: the context of 16 tokens is full", capsys.readouterr().err)
+
+
+def test_device_without_offload_is_an_error(capsys):
+    assert main(["demo", "-n", "1", "--device", "CUDA7"]) == 1
+    assert "offloads nothing without -ngl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("exc, code, text", [(KeyboardInterrupt(), 130, "lazyggml: interrupted"),
+                                             (RuntimeError("device lost"), 1, "lazyggml: error: device lost")])
+def test_interrupt_and_runtime_errors_are_one_line(monkeypatch, capsys, exc, code, text):
+    import lazyggml.cli as cli
+
+    def fail(args, path=None):
+        raise exc
+    monkeypatch.setattr(cli, "_generate", fail)
+    assert main(["demo", "-n", "1"]) == code
+    assert capsys.readouterr().err == text + "\n"

@@ -350,17 +350,20 @@ class LlamaModel:
 
     def generate(self, prompt, n_predict=32, *, temp=0.8, top_k=40, top_p=0.95, seed=None, stats=None):
         """Yield text pieces of up to ``n_predict`` sampled tokens after ``prompt``; ``stats`` (a
-        dict) receives prefill/decode timings and token counts."""
+        dict) receives prefill/decode timings, token counts and why generation stopped (``stop``:
+        ``"n_predict"``, ``"eog"`` for an end-of-generation token, or ``"context"`` when the
+        context is full)."""
         sampler = Sampler(temp=temp, top_k=top_k, top_p=top_p, seed=seed)
         ids = self.tokenize(prompt)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         t0 = time.perf_counter()
         logits = self.eval(ids, logits_all=False)[-1]
         t1 = time.perf_counter()
-        n_decoded = 0
+        n_decoded, stop = 0, "n_predict"
         for _ in range(n_predict):
             tok = sampler.sample(logits)
             if self.tokenizer.is_eog(tok):
+                stop = "eog"
                 break
             piece = decoder.decode(self.tokenizer.token_to_piece(tok))
             if stats is not None and n_decoded == 0:
@@ -368,7 +371,10 @@ class LlamaModel:
             if piece:
                 yield piece
             n_decoded += 1
-            if n_decoded == n_predict or self.n_past >= self.n_ctx:
+            if n_decoded == n_predict:
+                break
+            if self.n_past >= self.n_ctx:
+                stop = "context"
                 break
             logits = self.eval([tok], logits_all=False)[-1]
         tail = decoder.decode(b"", final=True)
@@ -377,7 +383,7 @@ class LlamaModel:
         if stats is not None:
             t2 = time.perf_counter()
             stats.update(n_prompt=len(ids), prefill_s=t1 - t0, n_decoded=n_decoded,
-                         decode_s=t2 - t1, n_splits=self.sched.n_splits)
+                         decode_s=t2 - t1, n_splits=self.sched.n_splits, stop=stop)
 
 
 def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
