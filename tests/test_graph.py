@@ -181,3 +181,11 @@ def test_graph_view_shares_use_counts():
     g = _graph(c)
     v = lg.graph_view(g, 1, 2)
     assert v.nodes == [c] and v.leafs == [] and v.use_count(b) == 2
+
+
+def test_new_graph_is_ggmls_spelling_and_refuses_gradients():
+    ctx = lg.Context()
+    g = ctx.new_graph(16)
+    assert isinstance(g, lg.Graph) and g.size == 16 and g.n_nodes == 0
+    with pytest.raises(ValueError, match="gradients are not supported"):
+        ctx.new_graph(16, grads=True)

@@ -165,3 +165,23 @@ def test_host_view_follows_the_tensor_when_it_moves():
     buf2.free()
     with pytest.raises(ValueError):
         host_view(t)[...] = 1.0   # freed memory: a fresh (empty) array, not the old view
+
+
+def test_the_buffer_interface_names_what_a_subclass_must_provide():
+    """``Buffer`` is the interface: a device buffer that forgets a method fails naming it, instead
+    of touching host memory it does not have; ``HostBuffer`` is the host memory."""
+    from lazyggml.buffer import Buffer, BufferType, HostBuffer
+
+    class Forgetful(Buffer):
+        pass
+
+    buft = BufferType("dev", host=False)
+    buf = Forgetful(buft, 64)
+    ctx = lg.Context()
+    t = ctx.new_tensor_1d(lg.F32, 4)
+    t.buffer, t.offset = buf, 0
+    with pytest.raises(NotImplementedError, match="Forgetful.set_tensor"):
+        lg.tensor_set(t, np.zeros(4, np.float32))
+    with pytest.raises(NotImplementedError, match="Forgetful.get_tensor"):
+        lg.tensor_get(t)
+    assert not buf.cpy_tensor(t, t) and isinstance(buft.alloc_buffer(8), HostBuffer)

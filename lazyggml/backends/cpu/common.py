@@ -20,7 +20,7 @@ import numba
 import numpy as np
 from numba import njit
 
-from ... import cache
+from ...cache import tie_cache
 from ...types import Type
 from . import quant as _quant
 from . import simd
@@ -118,5 +118,5 @@ def unravel_row(r, n1, n2):
     return q // n2, q % n2, i1
 
 
-# the cache of every kernel above also depends on these files (see cache.tie_cache)
-cache.tie_cache(globals(), simd.ISA, simd.__file__, _quant.__file__, __file__)
+# the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, simd.__file__, _quant.__file__, __file__)

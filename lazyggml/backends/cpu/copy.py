@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ... import cache
+from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, blck_size, is_quantized, type_size
 from . import quant as _quant
@@ -125,5 +125,5 @@ def copy_forward(node, dst, srcs):
     return [(_copy_to_q, (s, KIND[src_t.type], src_t.ne[0], dst, node.type))]
 
 
-# the cache of every kernel above also depends on these files (see cache.tie_cache)
-cache.tie_cache(globals(), simd.ISA, simd.__file__, _quant.__file__, common.__file__, __file__)
+# the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, simd.__file__, _quant.__file__, common.__file__, __file__)

@@ -32,7 +32,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ... import cache
+from ...cache import tie_cache
 from ...ops import GluOp, Op, UnaryOp, clamp_params, glu_params, scale_params, unary_op
 from ...types import Type
 from . import common, simd
@@ -343,5 +343,5 @@ def glu_forward(node, dst, srcs):
     return [launch(glu, dst.size, int(gop), srcs[0], srcs[1] if split else srcs[0], dst, split, swapped)]
 
 
-# the cache of every kernel above also depends on these files (see cache.tie_cache)
-cache.tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, __file__)
+# the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, __file__)

@@ -46,7 +46,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ... import cache
+from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, as_type, row_size, type_size
 from . import common
@@ -440,8 +440,8 @@ def mul_mat_steps(w, wtype, x, dst, nth):
     return steps
 
 
-# the cache of every driver above also depends on these files (see cache.tie_cache)
-cache.tie_cache(globals(), simd.ISA, simd.__file__, Q.__file__, V.__file__, common.__file__, __file__)
+# the cache of every driver above also depends on these files (see lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, simd.__file__, Q.__file__, V.__file__, common.__file__, __file__)
 
 
 def _mul_mat_supported(node):

@@ -17,7 +17,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ... import cache
+from ...cache import tie_cache
 from ...ops import Op, norm_eps
 from ...types import Type
 from . import common, simd
@@ -59,5 +59,5 @@ def norm_forward(node, dst, srcs):
     return [launch(norm, dst.size, mode, srcs[0], dst, float(norm_eps(node)))]
 
 
-# the cache of every kernel above also depends on these files (see cache.tie_cache)
-cache.tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, __file__)
+# the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, __file__)

@@ -32,7 +32,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ... import cache
+from ...cache import tie_cache
 from ...ops import (ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, Op, rope_params, rope_theta_scale,
                     rope_yarn_corr_dims)
 from ...types import Type
@@ -125,5 +125,5 @@ def rope_forward(node, dst, srcs):
             launch(rope, dst.size, srcs[0], cache, p.n_dims, p.mode == ROPE_TYPE_NEOX, dst)]
 
 
-# the cache of every kernel above also depends on these files (see cache.tie_cache)
-cache.tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, __file__)
+# the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, __file__)

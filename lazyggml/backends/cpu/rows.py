@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ... import cache
+from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, is_quantized, type_size
 from . import common, quant, simd
@@ -148,5 +148,5 @@ def set_rows_forward(node, dst, srcs):
                         node.ne[1]))]
 
 
-# the cache of every kernel above also depends on these files (see cache.tie_cache)
-cache.tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, __file__)
+# the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, __file__)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from ... import cache
+from ...cache import tie_cache
 from ...ops import Op, concat_dim, pad_params
 from ...types import is_quantized
 from . import common, simd
@@ -95,5 +95,5 @@ def repeat_forward(node, dst, srcs):
     return [(repeat, (as_bits(srcs[0]), as_bits(dst)))]
 
 
-# the cache of every kernel above also depends on these files (see cache.tie_cache)
-cache.tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, __file__)
+# the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, __file__)

@@ -22,7 +22,7 @@ import functools
 import numpy as np
 from numba import njit, prange
 
-from ... import cache
+from ...cache import tie_cache
 from ...ops import Op, diag_mask_n_past, powf, soft_max_alibi, soft_max_params
 from ...types import Type
 from . import common, elementwise, quant, simd
@@ -113,6 +113,6 @@ def diag_mask_inf_forward(node, dst, srcs):
     return [(diag_mask, (srcs[0], diag_mask_n_past(node), _NEG_INF, dst))]
 
 
-# the cache of every kernel above also depends on these files (see cache.tie_cache)
-cache.tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, elementwise.__file__,
+# the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, elementwise.__file__,
                __file__)

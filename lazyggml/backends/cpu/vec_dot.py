@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ... import cache
+from ...cache import tie_cache
 from . import quant, simd
 from .quant import TABLE_F32_F16 as _F16
 from .quant import fp32_to_fp16 as _fp32_to_fp16
@@ -983,5 +983,5 @@ def vec_dot_bf16(n, x, y):
     return out[0]
 
 
-# the cache of every kernel above also depends on these files (see cache.tie_cache)
-cache.tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, __file__)
+# the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, __file__)
