@@ -31,7 +31,7 @@ from lazyggml.backends.cpu import quant as k
 from lazyggml.quants import dequantize, quantize
 from lazyggml.types import Type, blck_size, row_size
 
-ggml = pytest.importorskip("ggml", reason="ggml-python (the GGML oracle) is not installed")
+import ggml  # noqa: E402  (ggml-python, the GGML oracle: the test extra installs it)
 
 SEED = int(os.environ.get("LAZYGGML_TEST_SEED", secrets.randbits(32)))
 WHERE = f"seed {SEED} (replay: LAZYGGML_TEST_SEED={SEED})"
