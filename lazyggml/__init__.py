@@ -10,6 +10,8 @@ snake_case without the ``ggml_`` prefix, the same argument order and semantics.
     g = lg.Graph(); lg.build_forward_expand(g, b)
 """
 from . import cache  # first: points Numba's kernel cache at lazyggml's directory before Numba loads
+from .errors import (LazyGGMLError, GGUFError, ShapeError, TensorTypeError, UnsupportedOpError, AllocationError,
+                     OutOfMemoryError)
 from .types import Type, QK_K, blck_size, type_size, row_size, is_quantized, type_name
 from .tensor import (Tensor, Context, MAX_DIMS, MAX_SRC, FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, FLAG_LOSS,
                      FLAG_COMPUTE, set_input, set_output, set_param, set_loss, set_name, get_name)
@@ -28,7 +30,7 @@ from .quants import quantize, dequantize
 from .alloc import (Gallocr, Tallocr, DynTallocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft,
                     alloc_ctx_tensors_from_buft_size)
 from .sched import Scheduler
-from .gguf_io import GGUFError, GGUFFile, TensorInfo, read_gguf
+from .gguf_io import GGUFFile, TensorInfo, read_gguf
 from .models.hparams import LlamaHParams, check_llama_tensors
 from .tokenizer import Tokenizer
 from .sampling import Sampler

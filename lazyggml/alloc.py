@@ -37,6 +37,7 @@ from operator import itemgetter
 from .buffer import (SIZE_MAX, Buffer, BufferType, BufferUsage, MultiBuffer, Status, buft_alloc_buffer,
                      tensor_alloc, view_init)
 from . import debug
+from .errors import OutOfMemoryError
 from .ops import INPLACE_OPS, Op
 from .tensor import FLAG_INPUT, FLAG_OUTPUT
 
@@ -75,12 +76,16 @@ class DynTallocr:
         self.chunks = []
 
     def reset(self):
+        """Forget every chunk and every planned block: the next plan starts empty."""
         self.chunks = []
 
     def max_size(self, chunk):
+        """The bytes chunk ``chunk`` must hold: the end of the highest block planned in it (0 for a chunk not
+        made yet)."""
         return self.chunks[chunk].max_size if chunk < len(self.chunks) else 0
 
     def total_size(self):
+        """The bytes of all the chunks together: what the buffers must hold for this plan."""
         return sum(c.max_size for c in self.chunks)
 
     def alloc(self, size):
@@ -119,7 +124,7 @@ class DynTallocr:
         # the last possible chunk is unlimited so that planning never fails.
         if best_block < 0:
             if len(chunks) >= VBUFFER_MAX_CHUNKS:
-                raise MemoryError(f"graph allocation: no room for {size} bytes in "
+                raise OutOfMemoryError(f"graph allocation: no room for {size} bytes in "
                                   f"{VBUFFER_MAX_CHUNKS} chunks")
             limit = SIZE_MAX // 2 if len(chunks) == VBUFFER_MAX_CHUNKS - 1 else max(size, self.max_chunk_size)
             chunks.append(TallocrChunk(limit))
@@ -156,7 +161,7 @@ class DynTallocr:
                     del blocks[i]
                 return
         if len(blocks) >= MAX_FREE_BLOCKS:
-            raise MemoryError(f"graph allocation: out of free blocks ({MAX_FREE_BLOCKS} per chunk)")
+            raise OutOfMemoryError(f"graph allocation: out of free blocks ({MAX_FREE_BLOCKS} per chunk)")
         pos = 0
         while pos < len(blocks) and blocks[pos][0] < offset:
             pos += 1
@@ -357,6 +362,7 @@ class Gallocr:
 
     @property
     def n_buffers(self):
+        """How many buffer ids the allocator has: one per buffer type it was given."""
         return len(self.bufts)
 
     # -- planning: one simulated execution -----------------------------------------------------
@@ -549,6 +555,8 @@ class Gallocr:
         return self._reserve_n_impl(graph, node_buffer_ids, leaf_buffer_ids, no_alloc=False)
 
     def reserve(self, graph):
+        """``reserve_n`` with every node and leaf in buffer 0: plan ``graph`` and make the buffers big enough;
+        False when a buffer could not be allocated."""
         return self.reserve_n(graph, None, None)
 
     def reserve_n_size(self, graph, node_buffer_ids=None, leaf_buffer_ids=None):
@@ -594,7 +602,7 @@ class Gallocr:
                 view_init(t)
         elif t.offset is None:
             if entry[0] < 0:
-                raise ValueError(f"gallocr: tensor '{t.name}' has no place in the plan; call reserve")
+                raise ValueError(f"gallocr: tensor {t.label} has no place in the plan; call reserve")
             buf = self.buffers[entry[0]][entry[1]]
             # the check saw that the plan holds the tensor, and each chunk buffer holds its plan
             t.buffer, t.offset = buf, entry[2]
@@ -690,9 +698,11 @@ class Tallocr:
         self.offset = 0  # the aligned base: buffers start at offset 0
 
     def alloc(self, t):
+        """Place ``t`` at the next aligned offset of the buffer (``OutOfMemoryError`` when it does not fit);
+        returns the buffer's ``Status`` for it."""
         size = _pad(self.buffer.buft.get_alloc_size(t), self.alignment)
         if self.offset + size > self.buffer.size:
-            raise ValueError(f"Tallocr: not enough space in the buffer for '{t.name}' (needed {size}, "
+            raise OutOfMemoryError(f"Tallocr: not enough space in the buffer for {t.label} (needed {size}, "
                              f"available {self.buffer.size - self.offset})")
         offset = self.offset
         self.offset += size
@@ -763,4 +773,6 @@ def alloc_ctx_tensors_from_buft_size(ctx, buft):
 
 
 def alloc_ctx_tensors(ctx, backend):
+    """Give every tensor of ``ctx`` without memory a place in buffers of ``backend``'s default buffer type
+    (see ``alloc_ctx_tensors_from_buft``)."""
     return alloc_ctx_tensors_from_buft(ctx, backend.get_default_buffer_type())

@@ -17,6 +17,7 @@ import itertools
 
 import numpy as np
 
+from .errors import AllocationError, ShapeError, TensorTypeError
 from .types import blck_size, is_quantized, np_dtype, type_name
 
 __all__ = ["DeviceType", "Device", "Backend", "Registry", "backend_graph_compute", "tensor_set",
@@ -26,6 +27,8 @@ __all__ = ["DeviceType", "Device", "Backend", "Registry", "backend_graph_compute
 
 
 class DeviceType(enum.IntEnum):
+    """GGML's ``ggml_backend_dev_type``: what kind of device (CPU, discrete GPU, integrated GPU,
+    accelerator)."""
     CPU = 0
     GPU = 1
     IGPU = 2
@@ -43,12 +46,15 @@ class Device:
         self.reg = reg
 
     def get_name(self):
+        """The device's short name, e.g. ``CPU``."""
         return self.name
 
     def get_description(self):
+        """A longer description of the device (its name when none was given)."""
         return self.description
 
     def get_type(self):
+        """The device's ``DeviceType``."""
         return self.type
 
     def memory(self):
@@ -58,21 +64,29 @@ class Device:
     get_memory = memory
 
     def get_buffer_type(self):
+        """The buffer type of this device's own memory, where its backends compute."""
         raise NotImplementedError(f"device {self.name} has no buffer type")
 
     def get_host_buffer_type(self):
+        """A host buffer type this device can copy from and to quickly (pinned memory), or None."""
         return None
 
     def supports_op(self, t):
+        """Whether this device can compute the node ``t`` (its op, types and shapes)."""
         return True
 
     def supports_buft(self, buft):
+        """Whether this device's backends can use tensors in buffers of type ``buft``; by default only its
+        own."""
         return buft.device is self
 
     def offload_op(self, t):
+        """Whether this device wants to compute ``t`` even though its weights sit in host memory, copying them
+        every time; by default no."""
         return False
 
     def init_backend(self):
+        """A new backend (a stream) on this device."""
         return Backend(self)
 
     def event_new(self):
@@ -80,6 +94,8 @@ class Device:
         return None
 
     def event_synchronize(self, event):
+        """Wait until the work recorded before ``event`` is done; a device without events has nothing to wait
+        for."""
         pass
 
     def __repr__(self):
@@ -105,27 +121,36 @@ class Backend:
         self.guid = next(Backend._guids)
 
     def get_name(self):
+        """The backend's name (its device's by default)."""
         return self.name
 
     def get_default_buffer_type(self):
+        """The buffer type for tensors this backend computes: its device's."""
         return self.device.get_buffer_type()
 
     def graph_compute(self, g):
+        """Compute the nodes of graph ``g`` in order and return a ``Status``; the work may still be running on
+        return (see ``synchronize``)."""
         raise NotImplementedError(f"backend {self.name} cannot compute graphs")
 
     def synchronize(self):
+        """Wait until all the work queued on this backend is done."""
         pass
 
     def supports_op(self, t):
+        """Whether this backend can compute the node ``t``: its device's answer."""
         return self.device.supports_op(t)
 
     def supports_buft(self, buft):
+        """Whether this backend can use tensors in buffers of type ``buft``: its device's answer."""
         return self.device.supports_buft(buft)
 
     def offload_op(self, t):
+        """Whether this backend wants ``t`` although its weights are in host memory: its device's answer."""
         return self.device.offload_op(t)
 
     def free(self):
+        """Release what the backend holds; it must not be used afterwards."""
         pass
 
     def __repr__(self):
@@ -140,24 +165,56 @@ def backend_graph_compute(backend, g):
     return status
 
 
-def _as_bytes(data):
-    return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+NOT_ALLOCATED_HINT = ("a Context() makes tensors without memory (no_alloc=True): place them with "
+                      "lg.alloc_ctx_tensors(ctx, backend), a graph's nodes with lg.Gallocr or a "
+                      "lg.Scheduler, or make the context with lg.Context(no_alloc=False)")
+
+
+def not_allocated(what, t):
+    """The error for a tensor used before it has memory, with how to give it some."""
+    return AllocationError(f"{what}: tensor {t.label} is not allocated; {NOT_ALLOCATED_HINT}")
+
+
+def _as_bytes(name, t, data, offset, size):
+    """``data`` as raw bytes for ``t``: its dtype must be ``t``'s element dtype, or ``uint8`` (raw
+    bytes; the only form for quantized tensors); ``size`` bytes, by default the rest of the
+    tensor from ``offset``, so that a short array is an error rather than a partial write."""
+    data = np.asarray(data)
+    want = np_dtype(t.type)
+    if data.dtype != np.uint8 and (want is None or data.dtype != want):
+        expected = f"{np.dtype(want).name} or uint8 (raw bytes)" if want is not None else "uint8 (raw block bytes)"
+        raise TensorTypeError(f"{name}: tensor {t.label} is {type_name(t.type)}, which takes {expected} data; "
+                              f"got {data.dtype.name}" + (f" (convert with .astype(np.{np.dtype(want).name}))"
+                                                          if want is not None else ""))
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    size = t.nbytes() - offset if size is None else size
+    if raw.size != size:
+        raise ShapeError(f"{name}: tensor {t.label} {type_name(t.type)}{list(t.ne)} needs {size} bytes from "
+                         f"offset {offset}; got {raw.size} ({data.dtype.name}{list(data.shape)})")
+    return raw
 
 
 def _check_range(name, t, offset, size):
     buf = t.data_buffer()
     if buf is None or t.offset is None:
-        raise ValueError(f"{name}: tensor '{t.name}' is not allocated")
+        raise not_allocated(name, t)
     if offset < 0 or offset + size > t.nbytes():
-        raise ValueError(f"{name}: {size} bytes at offset {offset} do not fit tensor '{t.name}' "
+        raise ShapeError(f"{name}: {size} bytes at offset {offset} do not fit tensor {t.label} "
                          f"({t.nbytes()} bytes)")
     return buf
 
 
-def tensor_set(t, data, offset=0):
-    """Copy the bytes of the NumPy array ``data`` into ``t`` at byte ``offset`` (blocking)."""
-    raw = _as_bytes(data)
-    buf = _check_range("tensor_set", t, offset, raw.size)
+def tensor_set(t, data, offset=0, size=None):
+    """Copy the NumPy array ``data`` into ``t`` from byte ``offset`` on (blocking; GGML's
+    ``ggml_backend_tensor_set``).
+
+    ``data`` holds ``t``'s elements in its own dtype (F32: ``float32``, F16: ``float16``, BF16:
+    ``uint16`` bit patterns, I32: ``int32``, ...) or raw ``uint8`` bytes (quantized tensors take only
+    these). It must
+    fill ``size`` bytes, by default all of the tensor from ``offset``; pass ``size`` to write a part."""
+    buf = _check_range("tensor_set", t, offset, 0)
+    raw = _as_bytes("tensor_set", t, data, offset, size)
+    _check_range("tensor_set", t, offset, raw.size)
     if raw.size:
         buf.set_tensor(t, raw, offset, raw.size)
 
@@ -195,7 +252,7 @@ def host_view(t):
     memory (a tensor's shape and strides never change)."""
     buf = t.data_buffer()
     if buf is None or t.offset is None:
-        raise ValueError(f"tensor '{t.name}' is not allocated")
+        raise not_allocated("host_view", t)
     cached = t.host_view_cache
     if cached is not None and cached[0] is buf.data and cached[1] == t.offset:
         return cached[2]
@@ -206,14 +263,18 @@ def host_view(t):
 
 
 def tensor_memset(t, value, offset=0, size=None):
+    """Set ``size`` bytes of ``t`` from byte ``offset`` on (by default all of it) to the byte ``value``."""
     size = t.nbytes() - offset if size is None else size
     buf = _check_range("tensor_memset", t, offset, size)
     if size:
         buf.memset_tensor(t, value, offset, size)
 
 
-def tensor_set_async(backend, t, data, offset=0):
-    raw = _as_bytes(data)
+def tensor_set_async(backend, t, data, offset=0, size=None):
+    """``tensor_set`` queued on ``backend`` (GGML's ``ggml_backend_tensor_set_async``): the same
+    checks, and the copy may still run after the call returns."""
+    _check_range("tensor_set_async", t, offset, 0)
+    raw = _as_bytes("tensor_set_async", t, data, offset, size)
     buf = _check_range("tensor_set_async", t, offset, raw.size)
     if backend.set_tensor_async is None:
         backend.synchronize()
@@ -229,8 +290,8 @@ def _same_layout(a, b):
 def tensor_copy(src, dst):
     """GGML's ``ggml_backend_tensor_copy``: through host memory where one side is host."""
     if not _same_layout(src, dst):
-        raise ValueError(f"tensor_copy: layouts differ: '{src.name}' {type_name(src.type)}{list(src.ne)} "
-                         f"vs '{dst.name}' {type_name(dst.type)}{list(dst.ne)}")
+        raise ShapeError(f"tensor_copy: layouts differ: {src.label} {type_name(src.type)}{list(src.ne)} "
+                         f"vs {dst.label} {type_name(dst.type)}{list(dst.ne)}")
     if src is dst:
         return
     sbuf, dbuf = src.data_buffer(), dst.data_buffer()
@@ -244,6 +305,8 @@ def tensor_copy(src, dst):
 
 
 def tensor_copy_async(backend_src, backend_dst, src, dst):
+    """Copy ``src`` into ``dst``, which have the same layout, queued on ``backend_dst`` when it can copy
+    asynchronously; else both backends are synchronized and the copy blocks."""
     if src is dst:
         return
     if backend_dst.cpy_tensor_async is not None and backend_dst.cpy_tensor_async(backend_src, backend_dst, src, dst):
@@ -254,10 +317,12 @@ def tensor_copy_async(backend_src, backend_dst, src, dst):
 
 
 def event_new(device):
+    """A new event on ``device``, or None when the device has no events."""
     return device.event_new()
 
 
 def event_synchronize(event):
+    """Wait until ``event`` has been reached on its device."""
     event.device.event_synchronize(event)
 
 
@@ -272,13 +337,17 @@ class Registry:
             d.reg = self
 
     def get_name(self):
+        """The family's name, e.g. ``CPU`` or ``CUDA``."""
         return self.name
 
     def get_device_count(self):
+        """How many devices this registry holds."""
         return len(self.devices)
 
     def get_device(self, i):
+        """The ``i``-th device of this registry."""
         return self.devices[i]
 
     def get_proc_address(self, name):
+        """A registry-specific extra function by name, as in GGML; lazyggml's registries have none (None)."""
         return None

@@ -22,6 +22,8 @@ import itertools
 
 import numpy as np
 
+from .errors import AllocationError, OutOfMemoryError
+
 __all__ = ["SIZE_MAX", "BufferUsage", "Status", "BufferType", "Buffer", "HostBuffer", "MultiBuffer",
            "buft_alloc_buffer", "host_buffer_type", "tensor_alloc", "view_init"]
 
@@ -29,6 +31,8 @@ SIZE_MAX = 2**64 - 1
 
 
 class BufferUsage(enum.IntEnum):
+    """GGML's ``ggml_backend_buffer_usage``: what a buffer holds. WEIGHTS buffers draw the scheduler's ops to
+    their device; the graph allocator's buffers are COMPUTE; ANY is the default."""
     ANY = 0
     WEIGHTS = 1
     COMPUTE = 2
@@ -70,21 +74,27 @@ class BufferType:
         self._host = host
 
     def get_name(self):
+        """The buffer type's name, e.g. ``CPU``."""
         return self.name
 
     def get_alignment(self):
+        """The alignment, in bytes (a power of two), of every tensor placed in this type's buffers."""
         return self._alignment
 
     def get_max_size(self):
+        """The largest single buffer this type can allocate, in bytes (``SIZE_MAX``: no limit)."""
         return self._max_size
 
     def get_alloc_size(self, t):
+        """Bytes that ``t`` takes in a buffer of this type: ``t.nbytes()`` unless a device needs more."""
         return t.nbytes()
 
     def is_host(self):
+        """Whether the CPU may read and write this type's memory directly."""
         return self._host
 
     def alloc_buffer(self, size):
+        """A new buffer of ``size`` bytes; the base class gives zeroed host memory (a ``HostBuffer``)."""
         return HostBuffer(self, size)
 
     def __repr__(self):
@@ -125,6 +135,7 @@ class Buffer:
     # usage is a property so that a multi-buffer can pass it on to its parts
     @property
     def usage(self):
+        """What this buffer holds, a ``BufferUsage``; settable."""
         return self._usage
 
     @usage.setter
@@ -132,12 +143,17 @@ class Buffer:
         self._usage = BufferUsage(u)
 
     def is_host(self):
+        """Whether the CPU may read and write this buffer's memory directly (its type's ``is_host``)."""
         return self.buft.is_host()
 
     def get_base(self):
+        """The address of the first byte: 0, as tensors' offsets count from it; None for a zero-size
+        buffer."""
         return None if self.size == 0 else 0
 
     def init_tensor(self, t):
+        """Called when ``t`` is placed in this buffer (a device may set up ``t.extra``); returns a
+        ``Status``."""
         return Status.SUCCESS
 
     def set_tensor(self, t, data, offset, size):
@@ -149,6 +165,7 @@ class Buffer:
         raise NotImplementedError(f"{type(self).__name__}.get_tensor")
 
     def memset_tensor(self, t, value, offset, size):
+        """Set ``size`` bytes at ``offset`` inside ``t`` to the byte ``value``."""
         raise NotImplementedError(f"{type(self).__name__}.memset_tensor")
 
     def cpy_tensor(self, src, dst):
@@ -156,11 +173,13 @@ class Buffer:
         return False
 
     def clear(self, value=0):
+        """Set every byte of the buffer to ``value``."""
         raise NotImplementedError(f"{type(self).__name__}.clear")
 
     reset = None  # optional: called before the allocator re-places tensors
 
     def free(self):
+        """Release the memory (the size becomes 0); tensors placed in it must not be used afterwards."""
         self.size = 0
         placement_changed()
 
@@ -231,7 +250,7 @@ def view_init(t):
     """Give a view its root's buffer and address (GGML's ``ggml_backend_view_init``)."""
     root = t.view_src
     if root is None or root.buffer is None or root.offset is None:
-        raise ValueError(f"view_init: the root of '{t.name}' is not allocated")
+        raise AllocationError(f"view_init: the root of {t.label} is not allocated")
     t.buffer = root.buffer
     t.offset = root.offset + t.view_offs
     return root.buffer.init_tensor(t)
@@ -240,10 +259,10 @@ def view_init(t):
 def tensor_alloc(buffer, t, offset):
     """Place ``t`` at ``offset`` inside ``buffer`` (GGML's ``ggml_backend_tensor_alloc``)."""
     if t.buffer is not None or t.offset is not None:
-        raise ValueError(f"tensor_alloc: '{t.name}' is already allocated")
+        raise ValueError(f"tensor_alloc: {t.label} is already allocated")
     size = buffer.buft.get_alloc_size(t)
     if offset + size > buffer.size:
-        raise ValueError(f"tensor_alloc: '{t.name}' ({size} B at {offset}) does not fit buffer of {buffer.size} B")
+        raise OutOfMemoryError(f"tensor_alloc: {t.label} ({size} B at {offset}) does not fit buffer of {buffer.size} B")
     t.buffer = buffer
     t.offset = offset
     return buffer.init_tensor(t)

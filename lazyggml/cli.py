@@ -282,13 +282,13 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    from .gguf_io import GGUFError
+    from .errors import LazyGGMLError
     try:
         return args.fn(args)
     except KeyboardInterrupt:
         print("lazyggml: interrupted", file=sys.stderr)
         return 130
-    except (OSError, ValueError, RuntimeError, GGUFError) as e:   # bad input: say what, without a traceback
+    except (LazyGGMLError, OSError, ValueError, RuntimeError, MemoryError) as e:   # say what, without a traceback
         print(f"lazyggml: error: {e}", file=sys.stderr)
         return 1
 

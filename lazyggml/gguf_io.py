@@ -36,9 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGUFValueType
 
+from .errors import GGUFError
 from .types import Type, blck_size, type_name, type_size
 
-__all__ = ["GGUFError", "TensorInfo", "GGUFFile", "read_gguf", "get_key", "get_count", "get_per_layer",
+__all__ = ["TensorInfo", "GGUFFile", "read_gguf", "get_key", "get_count", "get_per_layer",
            "get_positive_float"]
 
 GGUF_MAGIC = b"GGUF"
@@ -60,19 +61,6 @@ _MIN_VALUE_SIZE[GGUFValueType.STRING] = 8
 _U64 = struct.Struct("<Q").unpack_from
 _MIN_KV_SIZE = 8 + 4 + 1           # key length, value type, a one-byte value
 _MIN_TENSOR_INFO_SIZE = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type, offset
-
-
-class GGUFError(ValueError):
-    """A malformed or unsupported GGUF file. ``path`` and ``field`` say where."""
-
-    def __init__(self, path, field: str, message: str):
-        self.path = str(path)
-        self.field = field
-        self.message = message
-        super().__init__(f"{self.path}: {field}: {message}")
-
-    def __reduce__(self):  # pickles (for multiprocessing) with its three arguments
-        return type(self), (self.path, self.field, self.message)
 
 
 @dataclass(frozen=True)

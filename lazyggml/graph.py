@@ -30,13 +30,16 @@ class Graph:
 
     @property
     def n_nodes(self):
+        """How many nodes (computed tensors) the graph holds."""
         return len(self.nodes)
 
     @property
     def n_leafs(self):
+        """How many leafs (tensors no op computes: weights, inputs, constants) the graph holds."""
         return len(self.leafs)
 
     def use_count(self, t):
+        """How many source slots of this graph's nodes hold ``t`` (0 for a tensor the graph has not seen)."""
         return self._use.get(t, 0)
 
     def node(self, i):
@@ -44,6 +47,7 @@ class Graph:
         return self.nodes[i]
 
     def get_tensor(self, name):
+        """The tensor named ``name``, leafs searched before nodes, or None (``ggml_graph_get_tensor``)."""
         for t in self.leafs + self.nodes:
             if t.name == name:
                 return t
@@ -53,6 +57,7 @@ class Graph:
         return t in self._visited
 
     def clear(self):
+        """Forget every node, leaf and use count, keeping the size."""
         self.nodes.clear()
         self.leafs.clear()
         self._use.clear()
@@ -113,6 +118,8 @@ class Graph:
             self.nodes.append(node)
 
     def build_forward_expand(self, t):
+        """Append ``t`` and every source it needs that the graph does not hold yet, each after its sources,
+        and mark them COMPUTE; ``t`` is the last node appended."""
         n0 = len(self.nodes)
         self._visit(t, True)
         assert len(self.nodes) == n0 or self.nodes[-1] is t, "the last node appended must be the tensor"
@@ -156,6 +163,8 @@ Context.new_graph = new_graph   # the method lives here: tensor.py sits below gr
 
 
 def build_forward_expand(g, t):
+    """Add ``t`` and everything it depends on to the graph ``g``, sources first, in GGML's depth-first order
+    (``ggml_build_forward_expand``)."""
     g.build_forward_expand(t)
 
 
@@ -167,4 +176,6 @@ def build_forward_select(g, tensors, idx):
 
 
 def graph_view(g, i0, i1):
+    """``g.view(i0, i1)``: a graph of ``g``'s nodes ``i0`` to ``i1 - 1``, without leafs, sharing ``g``'s use
+    counts."""
     return g.view(i0, i1)

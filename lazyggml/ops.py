@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .errors import ShapeError, TensorTypeError
 from .tensor import Tensor, current_context, MAX_DIMS
 from .types import GluOp, Op, Type, UnaryOp, type_name, type_size
 
@@ -71,10 +72,14 @@ RESERVED_OPS = frozenset({Op.MUL_MAT_ID, Op.FLASH_ATTN_EXT})
 
 
 def is_view_op(op):
+    """True for the ops whose result is a view of their source (VIEW, RESHAPE, PERMUTE, TRANSPOSE), as
+    ``ggml_is_view_op``."""
     return op in VIEW_OPS
 
 
 def op_can_inplace(op):
+    """True for the ops whose result may take over a source's memory when the allocator finds it free
+    (``INPLACE_OPS``)."""
     return op in INPLACE_OPS
 
 
@@ -99,12 +104,23 @@ def _need(name, *tensors):
             raise ValueError(f"{name}: expected a Tensor, got {type(t).__name__}")
 
 
+def tensor_desc(t):
+    """A tensor as messages show it: its label, type and shape, e.g. ``'x' f32[4, 3]``."""
+    return f"{t.label} {type_name(t.type)}{list(t.ne)}"
+
+
+def node_desc(node):
+    """A node as messages show it: the op, the result and its sources."""
+    srcs = ", ".join(tensor_desc(s) for s in node.src if s is not None)
+    return f"{op_desc(node)} -> {tensor_desc(node)}" + (f" from {srcs}" if srcs else "")
+
+
 def _shapes(*ts):
-    return ", ".join(f"{type_name(t.type)}{list(t.ne)}" for t in ts)
+    return ", ".join(tensor_desc(t) for t in ts)
 
 
-def _fail(name, why, *ts):
-    raise ValueError(f"{name}: {why} ({_shapes(*ts)})")
+def _fail(name, why, *ts, error=ShapeError):
+    raise error(f"{name}: {why} ({_shapes(*ts)})")
 
 
 def _result(ctx, a, inplace):
@@ -125,7 +141,7 @@ def _set(t, op, srcs, params=()):
 def _read(t, params_type, *ops):
     """``t.op_params`` as ``params_type``, for a node whose op is one of ``ops``."""
     if t.op not in ops:
-        raise ValueError(f"{params_type.__name__}: node {t.name!r} is {t.op.name}, not "
+        raise ValueError(f"{params_type.__name__}: node {t.label} is {t.op.name}, not "
                          f"{' or '.join(op.name for op in ops)}")
     return params_type._make(t.op_params)
 
@@ -155,10 +171,17 @@ def _is_padded_1d(t):
     return t.nb[0] == type_size(t.type) and t.nb[2] == t.nb[1] * t.ne[1] and t.nb[3] == t.nb[2] * t.ne[2]
 
 
-def _float(name, *ts):
+FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
+_INTEGER_TYPES = (Type.I8, Type.I16, Type.I32, Type.I64)
+
+
+def _need_float(name, *ts):
+    """``_need``, and each tensor holds floats: GGML computes these ops on F32/F16/BF16 only and
+    aborts at compute on anything else, so we say so while the graph is built."""
+    _need(name, *ts)
     for t in ts:
-        if t.type not in (Type.F32, Type.F16, Type.BF16):
-            _fail(name, f"{type_name(t.type)} is not a float type", *ts)
+        if t.type not in FLOAT_TYPES:
+            _fail(name, f"{type_name(t.type)} input; this op takes f32, f16 or bf16", *ts, error=TensorTypeError)
 
 
 # -- copies ----------------------------------------------------------------------------------------
@@ -168,10 +191,12 @@ def _dup_impl(a, inplace, ctx):
 
 
 def dup(a, *, ctx=None):
+    """A copy of ``a``: a new packed tensor of the same type and shape (``ggml_dup``)."""
     return _dup_impl(a, False, ctx)
 
 
 def dup_inplace(a, *, ctx=None):
+    """As ``dup``, but the result is a view of ``a`` (the copy writes onto itself)."""
     return _dup_impl(a, True, ctx)
 
 
@@ -186,6 +211,8 @@ def cpy(a, b, *, ctx=None):
 
 
 def cont(a, *, ctx=None):
+    """A packed (contiguous) copy of ``a``, same type and shape: what a permuted or transposed view needs
+    before ``reshape``."""
     _need("cont", a)
     r = _ctx(ctx, a).dup_tensor(a)
     r.name = f"{a.name} (cont)"
@@ -193,6 +220,7 @@ def cont(a, *, ctx=None):
 
 
 def cont_4d(a, ne0, ne1=1, ne2=1, ne3=1, *, ctx=None):
+    """A packed copy of ``a`` with the shape [ne0, ne1, ne2, ne3]; the element count must stay the same."""
     _need("cont", a)
     if a.nelements() != ne0 * ne1 * ne2 * ne3:
         _fail("cont", f"cannot make {[ne0, ne1, ne2, ne3]} from {a.nelements()} elements", a)
@@ -202,14 +230,17 @@ def cont_4d(a, ne0, ne1=1, ne2=1, ne3=1, *, ctx=None):
 
 
 def cont_1d(a, ne0, *, ctx=None):
+    """``cont_4d`` to the shape [ne0]."""
     return cont_4d(a, ne0, ctx=ctx)
 
 
 def cont_2d(a, ne0, ne1, *, ctx=None):
+    """``cont_4d`` to the shape [ne0, ne1]."""
     return cont_4d(a, ne0, ne1, ctx=ctx)
 
 
 def cont_3d(a, ne0, ne1, ne2, *, ctx=None):
+    """``cont_4d`` to the shape [ne0, ne1, ne2]."""
     return cont_4d(a, ne0, ne1, ne2, ctx=ctx)
 
 
@@ -222,34 +253,44 @@ def _binary_impl(name, op, a, b, inplace, ctx):
 
 
 def add(a, b, *, ctx=None):
+    """a + b, element-wise; ``b`` is broadcast (repeated) over ``a``'s shape, and the result has ``a``'s type
+    and shape, as ``ggml_add``."""
     return _binary_impl("add", Op.ADD, a, b, False, ctx)
 
 
 def add_inplace(a, b, *, ctx=None):
+    """As ``add``, but the result is a view of ``a``: the sum is written over ``a``."""
     return _binary_impl("add", Op.ADD, a, b, True, ctx)
 
 
 def sub(a, b, *, ctx=None):
+    """a - b, element-wise; ``b`` is broadcast (repeated) over ``a``'s shape, as ``ggml_sub``."""
     return _binary_impl("sub", Op.SUB, a, b, False, ctx)
 
 
 def sub_inplace(a, b, *, ctx=None):
+    """As ``sub``, but the result is a view of ``a``: the difference is written over ``a``."""
     return _binary_impl("sub", Op.SUB, a, b, True, ctx)
 
 
 def mul(a, b, *, ctx=None):
+    """a * b, element-wise (not a matrix product: see ``mul_mat``); ``b`` is broadcast (repeated) over ``a``'s
+    shape, as ``ggml_mul``."""
     return _binary_impl("mul", Op.MUL, a, b, False, ctx)
 
 
 def mul_inplace(a, b, *, ctx=None):
+    """As ``mul``, but the result is a view of ``a``: the product is written over ``a``."""
     return _binary_impl("mul", Op.MUL, a, b, True, ctx)
 
 
 def div(a, b, *, ctx=None):
+    """a / b, element-wise; ``b`` is broadcast (repeated) over ``a``'s shape, as ``ggml_div``."""
     return _binary_impl("div", Op.DIV, a, b, False, ctx)
 
 
 def div_inplace(a, b, *, ctx=None):
+    """As ``div``, but the result is a view of ``a``: the quotient is written over ``a``."""
     return _binary_impl("div", Op.DIV, a, b, True, ctx)
 
 
@@ -263,10 +304,12 @@ def _add1_impl(a, b, inplace, ctx):
 
 
 def add1(a, b, *, ctx=None):
+    """a + b where ``b`` is a one-element tensor, added to every element of ``a`` (``ggml_add1``)."""
     return _add1_impl(a, b, False, ctx)
 
 
 def add1_inplace(a, b, *, ctx=None):
+    """As ``add1``, but the result is a view of ``a``: the sum is written over ``a``."""
     return _add1_impl(a, b, True, ctx)
 
 
@@ -279,17 +322,21 @@ def repeat(a, b, *, ctx=None):
 
 
 class ConcatParams(NamedTuple):
+    """CONCAT's ``op_params``: the dim along which the sources are joined."""
     dim: int
 
 
 def concat_dim(t):
+    """The dim along which a CONCAT node joins its sources."""
     return _read(t, ConcatParams, Op.CONCAT).dim
 
 
 def concat(a, b, dim, *, ctx=None):
+    """``a`` and ``b`` joined along ``dim``: the shapes must agree in every other dim, and the types must be
+    equal."""
     _need("concat", a, b)
     if a.type != b.type:
-        _fail("concat", "types differ", a, b)
+        _fail("concat", "types differ", a, b, error=TensorTypeError)
     if not 0 <= dim < MAX_DIMS:
         _fail("concat", f"dim {dim} is not in 0..3", a, b)
     if any(a.ne[d] != b.ne[d] for d in range(MAX_DIMS) if d != dim):
@@ -301,43 +348,52 @@ def concat(a, b, dim, *, ctx=None):
 
 # -- element-wise unary ops --------------------------------------------------------------------------
 def _simple_impl(name, op, a, inplace, ctx, params=()):
-    _need(name, a)
+    _need_float(name, a)
     return _set(_result(_ctx(ctx, a), a, inplace), op, [a], params)
 
 
 def sqr(a, *, ctx=None):
+    """x², element-wise."""
     return _simple_impl("sqr", Op.SQR, a, False, ctx)
 
 
 def sqr_inplace(a, *, ctx=None):
+    """As ``sqr``, but written over ``a`` (the result is a view of it)."""
     return _simple_impl("sqr", Op.SQR, a, True, ctx)
 
 
 def sqrt(a, *, ctx=None):
+    """√x, element-wise."""
     return _simple_impl("sqrt", Op.SQRT, a, False, ctx)
 
 
 def sqrt_inplace(a, *, ctx=None):
+    """As ``sqrt``, but written over ``a`` (the result is a view of it)."""
     return _simple_impl("sqrt", Op.SQRT, a, True, ctx)
 
 
 def log(a, *, ctx=None):
+    """The natural logarithm, element-wise."""
     return _simple_impl("log", Op.LOG, a, False, ctx)
 
 
 def log_inplace(a, *, ctx=None):
+    """As ``log``, but written over ``a`` (the result is a view of it)."""
     return _simple_impl("log", Op.LOG, a, True, ctx)
 
 
 def sin(a, *, ctx=None):
+    """sin(x), element-wise."""
     return _simple_impl("sin", Op.SIN, a, False, ctx)
 
 
 def cos(a, *, ctx=None):
+    """cos(x), element-wise."""
     return _simple_impl("cos", Op.COS, a, False, ctx)
 
 
 class UnaryParams(NamedTuple):
+    """UNARY's ``op_params``: which activation (a ``UnaryOp``)."""
     op: UnaryOp
 
 
@@ -347,130 +403,159 @@ def unary_op(t):
 
 
 def unary(a, uop, *, ctx=None):
+    """The activation ``uop`` (a ``UnaryOp``) applied element-wise: one UNARY node, its sub-op in
+    ``op_params``; ``a`` must be contiguous, though its rows may be spaced apart."""
     return _unary_impl(a, UnaryOp(uop), False, ctx)
 
 
 def _unary_impl(a, uop, inplace, ctx):
     name = uop.name.lower()
-    _need(name, a)
+    _need_float(name, a)
     if not a.is_contiguous_1():
         _fail(name, "input must be contiguous along its rows", a)
     return _set(_result(_ctx(ctx, a), a, inplace), Op.UNARY, [a], UnaryParams(uop))
 
 
 def abs(a, *, ctx=None):  # noqa: A001 - GGML's name
+    """|x|, element-wise (a UNARY node)."""
     return _unary_impl(a, UnaryOp.ABS, False, ctx)
 
 
 def abs_inplace(a, *, ctx=None):
+    """As ``abs``, but written over ``a`` (the result is a view of it)."""
     return _unary_impl(a, UnaryOp.ABS, True, ctx)
 
 
 def sgn(a, *, ctx=None):
+    """The sign of each element: -1, 0 or 1."""
     return _unary_impl(a, UnaryOp.SGN, False, ctx)
 
 
 def neg(a, *, ctx=None):
+    """-x, element-wise; also ``-a``."""
     return _unary_impl(a, UnaryOp.NEG, False, ctx)
 
 
 def neg_inplace(a, *, ctx=None):
+    """As ``neg``, but written over ``a`` (the result is a view of it)."""
     return _unary_impl(a, UnaryOp.NEG, True, ctx)
 
 
 def step(a, *, ctx=None):
+    """1 where x > 0, else 0, element-wise."""
     return _unary_impl(a, UnaryOp.STEP, False, ctx)
 
 
 def tanh(a, *, ctx=None):
+    """tanh(x), element-wise."""
     return _unary_impl(a, UnaryOp.TANH, False, ctx)
 
 
 def tanh_inplace(a, *, ctx=None):
+    """As ``tanh``, but written over ``a`` (the result is a view of it)."""
     return _unary_impl(a, UnaryOp.TANH, True, ctx)
 
 
 def elu(a, *, ctx=None):
+    """x where x > 0, else exp(x) - 1, element-wise."""
     return _unary_impl(a, UnaryOp.ELU, False, ctx)
 
 
 def relu(a, *, ctx=None):
+    """max(x, 0), element-wise."""
     return _unary_impl(a, UnaryOp.RELU, False, ctx)
 
 
 def relu_inplace(a, *, ctx=None):
+    """As ``relu``, but written over ``a`` (the result is a view of it)."""
     return _unary_impl(a, UnaryOp.RELU, True, ctx)
 
 
 def sigmoid(a, *, ctx=None):
+    """1 / (1 + exp(-x)), element-wise."""
     return _unary_impl(a, UnaryOp.SIGMOID, False, ctx)
 
 
 def sigmoid_inplace(a, *, ctx=None):
+    """As ``sigmoid``, but written over ``a`` (the result is a view of it)."""
     return _unary_impl(a, UnaryOp.SIGMOID, True, ctx)
 
 
 def gelu(a, *, ctx=None):
+    """GELU in its tanh form, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), element-wise."""
     return _unary_impl(a, UnaryOp.GELU, False, ctx)
 
 
 def gelu_inplace(a, *, ctx=None):
+    """As ``gelu``, but written over ``a`` (the result is a view of it)."""
     return _unary_impl(a, UnaryOp.GELU, True, ctx)
 
 
 def gelu_erf(a, *, ctx=None):
+    """GELU exactly, 0.5·x·(1 + erf(x/√2)), element-wise."""
     return _unary_impl(a, UnaryOp.GELU_ERF, False, ctx)
 
 
 def gelu_quick(a, *, ctx=None):
+    """The quick GELU, x·sigmoid(1.702·x), element-wise."""
     return _unary_impl(a, UnaryOp.GELU_QUICK, False, ctx)
 
 
 def silu(a, *, ctx=None):
+    """x·sigmoid(x) (SiLU, or swish), element-wise."""
     return _unary_impl(a, UnaryOp.SILU, False, ctx)
 
 
 def silu_inplace(a, *, ctx=None):
+    """As ``silu``, but written over ``a`` (the result is a view of it)."""
     return _unary_impl(a, UnaryOp.SILU, True, ctx)
 
 
 def hardswish(a, *, ctx=None):
+    """x·hardsigmoid(x), element-wise."""
     return _unary_impl(a, UnaryOp.HARDSWISH, False, ctx)
 
 
 def hardsigmoid(a, *, ctx=None):
+    """min(1, max(0, (x + 3)/6)), element-wise."""
     return _unary_impl(a, UnaryOp.HARDSIGMOID, False, ctx)
 
 
 def exp(a, *, ctx=None):
+    """exp(x), element-wise."""
     return _unary_impl(a, UnaryOp.EXP, False, ctx)
 
 
 def exp_inplace(a, *, ctx=None):
+    """As ``exp``, but written over ``a`` (the result is a view of it)."""
     return _unary_impl(a, UnaryOp.EXP, True, ctx)
 
 
 class ScaleParams(NamedTuple):
+    """SCALE's ``op_params``: the result is ``a*s + b``."""
     s: float
     b: float
 
 
 def scale_params(t):
+    """A SCALE node's factor and bias as ``ScaleParams(s, b)``."""
     return _read(t, ScaleParams, Op.SCALE)
 
 
 def _scale_impl(a, s, b, inplace, ctx):
-    _need("scale", a)
+    _need_float("scale", a)
     if not _is_padded_1d(a):
         _fail("scale", "input must be padded 1-d (rows packed above dim 1)", a)
     return _set(_result(_ctx(ctx, a), a, inplace), Op.SCALE, [a], ScaleParams(float(s), float(b)))
 
 
 def scale(a, s, *, ctx=None):
+    """a·s for a float ``s``, element-wise (``ggml_scale``); also ``a * 2.0``."""
     return _scale_impl(a, s, 0.0, False, ctx)
 
 
 def scale_inplace(a, s, *, ctx=None):
+    """As ``scale``, but written over ``a`` (the result is a view of it)."""
     return _scale_impl(a, s, 0.0, True, ctx)
 
 
@@ -480,17 +565,19 @@ def scale_bias(a, s, b, *, ctx=None):
 
 
 class ClampParams(NamedTuple):
+    """CLAMP's ``op_params``: the bounds of the result."""
     min: float
     max: float
 
 
 def clamp_params(t):
+    """A CLAMP node's bounds as ``ClampParams(min, max)``."""
     return _read(t, ClampParams, Op.CLAMP)
 
 
 def clamp(a, min, max, *, ctx=None):  # noqa: A002 - GGML's names
     """Clamp to ``[min, max]``; always a view of ``a`` in GGML."""
-    _need("clamp", a)
+    _need_float("clamp", a)
     if min > max:
         _fail("clamp", f"min {min} > max {max}", a)
     return _set(_ctx(ctx, a).view_tensor(a), Op.CLAMP, [a], ClampParams(float(min), float(max)))
@@ -498,22 +585,27 @@ def clamp(a, min, max, *, ctx=None):  # noqa: A002 - GGML's names
 
 # -- reductions ------------------------------------------------------------------------------------
 def sum(a, *, ctx=None):  # noqa: A001 - GGML's name
-    _need("sum", a)
+    """The sum of all elements of ``a``, as a one-element tensor of ``a``'s type."""
+    _need_float("sum", a)
     return _set(_ctx(ctx, a).new_tensor_1d(a.type, 1), Op.SUM, [a])
 
 
 def sum_rows(a, *, ctx=None):
-    _need("sum_rows", a)
+    """The sum of each row (along dim 0): [ne0, ne1, ne2, ne3] -> [1, ne1, ne2, ne3], ``a``'s type."""
+    _need_float("sum_rows", a)
     return _set(_ctx(ctx, a).new_tensor(a.type, (1,) + a.ne[1:]), Op.SUM_ROWS, [a])
 
 
 def mean(a, *, ctx=None):
-    _need("mean", a)
+    """The mean of each row (along dim 0): [ne0, ne1, ne2, ne3] -> F32 [1, ne1, ne2, ne3]."""
+    _need_float("mean", a)
     return _set(_ctx(ctx, a).new_tensor(Type.F32, (1,) + a.ne[1:]), Op.MEAN, [a])
 
 
 def argmax(a, *, ctx=None):
-    _need("argmax", a)
+    """The index of the largest element of each row of the matrix ``a`` [ne0, ne1] -> I32 [ne1]; of equal
+    maxima, the last."""
+    _need_float("argmax", a)
     if not a.is_matrix():
         _fail("argmax", "input must be a matrix", a)
     return _set(_ctx(ctx, a).new_tensor_1d(Type.I32, a.ne[1]), Op.ARGMAX, [a])
@@ -521,6 +613,7 @@ def argmax(a, *, ctx=None):
 
 # -- normalisation ---------------------------------------------------------------------------------
 class NormParams(NamedTuple):
+    """NORM's and RMS_NORM's ``op_params``: the ``eps`` added to the variance."""
     eps: float
 
 
@@ -530,7 +623,7 @@ def norm_eps(t):
 
 
 def _norm_impl(name, op, a, eps, inplace, ctx):
-    _need(name, a)
+    _need_float(name, a)
     if eps < 0:
         _fail(name, f"eps must be non-negative, got {eps}", a)
     return _set(_result(_ctx(ctx, a), a, inplace), op, [a], NormParams(float(eps)))
@@ -542,6 +635,7 @@ def norm(a, eps=1e-5, *, ctx=None):
 
 
 def norm_inplace(a, eps=1e-5, *, ctx=None):
+    """As ``norm``, but written over ``a`` (the result is a view of it)."""
     return _norm_impl("norm", Op.NORM, a, eps, True, ctx)
 
 
@@ -551,6 +645,7 @@ def rms_norm(a, eps=1e-6, *, ctx=None):
 
 
 def rms_norm_inplace(a, eps=1e-6, *, ctx=None):
+    """As ``rms_norm``, but written over ``a`` (the result is a view of it)."""
     return _norm_impl("rms_norm", Op.RMS_NORM, a, eps, True, ctx)
 
 
@@ -561,7 +656,11 @@ def mul_mat(a, b, *, ctx=None):
     Each result element is the dot product of a row of ``a`` with a row of ``b``; ``b``'s dims 2
     and 3 must be multiples of ``a``'s, which are broadcast (GGML's ``ggml_can_mul_mat``).
     """
-    _need("mul_mat", a, b)
+    _need("mul_mat", a)
+    _need_float("mul_mat", b)
+    if a.type in _INTEGER_TYPES:
+        _fail("mul_mat", f"{type_name(a.type)} weights; a must hold floats or quantized blocks", a, b,
+              error=TensorTypeError)
     if a.ne[0] != b.ne[0]:
         _fail("mul_mat", "inner sizes ne[0] differ", a, b)
     if b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
@@ -580,7 +679,7 @@ def get_rows(a, b, *, ctx=None):
     """Gather rows of ``a`` [n_embd, n_rows, p, q] by the indices ``b`` [n, p, q] -> [n_embd, n, p, q]."""
     _need("get_rows", a, b)
     if b.type not in _INDEX_TYPES:
-        _fail("get_rows", "indices must be I32 or I64", a, b)
+        _fail("get_rows", "indices must be I32 or I64", a, b, error=TensorTypeError)
     if a.ne[2] != b.ne[1] or a.ne[3] != b.ne[2] or b.ne[3] != 1:
         _fail("get_rows", "index dims 1, 2 must match a's dims 2, 3", a, b)
     rtype = Type.I32 if a.type == Type.I32 else Type.F32
@@ -596,7 +695,7 @@ def set_rows(a, b, c, *, ctx=None):
     if b.ne[1] != c.ne[0] or b.ne[2] % c.ne[1] or b.ne[3] % c.ne[2] or c.ne[3] != 1:
         _fail("set_rows", "one index per row of b, broadcast over b's dims 2, 3", a, b, c)
     if b.type != Type.F32 or c.type not in _INDEX_TYPES:
-        _fail("set_rows", "b must be F32 and c I32 or I64", a, b, c)
+        _fail("set_rows", "b must be F32 and c I32 or I64", a, b, c, error=TensorTypeError)
     if not (a.is_contiguous_rows() and b.is_contiguous_rows()):
         _fail("set_rows", "rows must be contiguous", a, b, c)
     # src order (b, c, a) is GGML's, kept for its legacy reasons
@@ -605,15 +704,17 @@ def set_rows(a, b, c, *, ctx=None):
 
 # -- attention helpers ---------------------------------------------------------------------------
 class DiagMaskParams(NamedTuple):
+    """DIAG_MASK_INF's ``op_params``: how many past positions each row may also see."""
     n_past: int
 
 
 def diag_mask_n_past(t):
+    """``n_past`` of a DIAG_MASK_INF node."""
     return _read(t, DiagMaskParams, Op.DIAG_MASK_INF).n_past
 
 
 def _diag_mask_inf_impl(a, n_past, inplace, ctx):
-    _need("diag_mask_inf", a)
+    _need_float("diag_mask_inf", a)
     return _set(_result(_ctx(ctx, a), a, inplace), Op.DIAG_MASK_INF, [a], DiagMaskParams(int(n_past)))
 
 
@@ -623,19 +724,23 @@ def diag_mask_inf(a, n_past, *, ctx=None):
 
 
 def diag_mask_inf_inplace(a, n_past, *, ctx=None):
+    """As ``diag_mask_inf``, but written over ``a`` (the result is a view of it)."""
     return _diag_mask_inf_impl(a, n_past, True, ctx)
 
 
 class SoftMaxParams(NamedTuple):
+    """SOFT_MAX's ``op_params``: the factor on the input and ALiBi's maximum bias (0: no ALiBi)."""
     scale: float
     max_bias: float
 
 
 def soft_max_params(t):
+    """A SOFT_MAX node's ``SoftMaxParams(scale, max_bias)``."""
     return _read(t, SoftMaxParams, Op.SOFT_MAX)
 
 
 class AlibiParams(NamedTuple):
+    """ALiBi's host constants (``soft_max_alibi``): the slope bases ``m0``, ``m1`` and ``n_head_log2``."""
     m0: np.float32
     m1: np.float32
     n_head_log2: int
@@ -653,13 +758,13 @@ def soft_max_alibi(n_head, max_bias):
 
 
 def _soft_max_impl(a, mask, scale_, max_bias, inplace, ctx):
-    _need("soft_max", a)
+    _need_float("soft_max", a)
     if not a.is_contiguous():
         _fail("soft_max", "input must be contiguous", a)
     if mask is not None:
         _need("soft_max", mask)
         if mask.type not in (Type.F16, Type.F32):
-            _fail("soft_max", "mask must be F16 or F32", a, mask)
+            _fail("soft_max", "mask must be F16 or F32", a, mask, error=TensorTypeError)
         if not mask.is_contiguous() or mask.ne[0] != a.ne[0] or mask.ne[1] < a.ne[1]:
             _fail("soft_max", "mask must be contiguous with ne[0] = a's and ne[1] >= a's", a, mask)
         if a.ne[2] % mask.ne[2] or a.ne[3] % mask.ne[3]:
@@ -671,10 +776,12 @@ def _soft_max_impl(a, mask, scale_, max_bias, inplace, ctx):
 
 
 def soft_max(a, *, ctx=None):
+    """Softmax of each row (along dim 0) of the contiguous ``a``: exp(x - max) / Σ exp(x - max)."""
     return _soft_max_impl(a, None, 1.0, 0.0, False, ctx)
 
 
 def soft_max_inplace(a, *, ctx=None):
+    """As ``soft_max``, but written over ``a`` (the result is a view of it)."""
     return _soft_max_impl(a, None, 1.0, 0.0, True, ctx)
 
 
@@ -685,6 +792,7 @@ def soft_max_ext(a, mask=None, scale=1.0, max_bias=0.0, *, ctx=None):
 
 
 def soft_max_ext_inplace(a, mask=None, scale=1.0, max_bias=0.0, *, ctx=None):
+    """As ``soft_max_ext``, but written over ``a`` (the result is a view of it)."""
     return _soft_max_impl(a, mask, scale, max_bias, True, ctx)
 
 
@@ -704,6 +812,7 @@ class RopeParams(NamedTuple):
 
 
 def rope_params(t):
+    """A ROPE node's ``op_params`` as ``RopeParams``."""
     return _read(t, RopeParams, Op.ROPE)
 
 
@@ -731,7 +840,8 @@ def rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
 
 def _rope_impl(a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
                beta_fast, beta_slow, inplace, ctx):
-    _need("rope", a, b)
+    _need("rope", b)
+    _need_float("rope", a)
     if mode not in (ROPE_TYPE_NORMAL, ROPE_TYPE_NEOX):
         _fail("rope", f"mode {mode} is not supported (0 = normal, 2 = NeoX)", a, b)
     if not b.is_vector() or b.type != Type.I32 or b.ne[0] != a.ne[2]:
@@ -741,7 +851,8 @@ def _rope_impl(a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_fac
     if c is not None:
         _need("rope", c)
         if c.type != Type.F32 or c.ne[0] < n_dims // 2:
-            _fail("rope", "freq factors must be F32 with at least n_dims/2 entries", a, b, c)
+            _fail("rope", "freq factors must be F32 with at least n_dims/2 entries", a, b, c,
+                  error=TensorTypeError if c.type != Type.F32 else ShapeError)
     params = RopeParams(n_past=0, n_dims=int(n_dims), mode=int(mode), n_ctx=0,
                         n_ctx_orig=int(n_ctx_orig), freq_base=float(freq_base),
                         freq_scale=float(freq_scale), ext_factor=float(ext_factor),
@@ -760,31 +871,38 @@ def rope_ext(a, b, c, n_dims, mode, n_ctx_orig=0, freq_base=10000.0, freq_scale=
 
 def rope_ext_inplace(a, b, c, n_dims, mode, n_ctx_orig=0, freq_base=10000.0, freq_scale=1.0,
                      ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, *, ctx=None):
+    """As ``rope_ext``, but written over ``a`` (the result is a view of it)."""
     return _rope_impl(a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
                       attn_factor, beta_fast, beta_slow, True, ctx)
 
 
 def rope(a, b, n_dims, mode, *, ctx=None):
+    """``rope_ext`` with no frequency factors and no context scaling: rotates pairs among the first ``n_dims``
+    values of each head of ``a`` by angles from the I32 positions ``b``; ``mode`` 0 pairs neighbours,
+    ``ROPE_TYPE_NEOX`` pairs i with i + n_dims/2."""
     return rope_ext(a, b, None, n_dims, mode, ctx=ctx)
 
 
 def rope_inplace(a, b, n_dims, mode, *, ctx=None):
+    """As ``rope``, but written over ``a`` (the result is a view of it)."""
     return rope_ext_inplace(a, b, None, n_dims, mode, ctx=ctx)
 
 
 class GluParams(NamedTuple):
+    """GLU's ``op_params``: which gated unit (a ``GluOp``), and whether the gate comes first."""
     op: GluOp
     swapped: bool   # the gate is the first half of the row (one-tensor form only)
 
 
 def glu_params(t):
+    """A GLU node's ``GluParams(op, swapped)``, ``op`` as a ``GluOp``."""
     op, swapped = _read(t, GluParams, Op.GLU)
     return GluParams(GluOp(op), bool(swapped))
 
 
 def _glu_impl(a, b, gop, swapped, ctx):
     name = gop.name.lower()
-    _need(name, a)
+    _need_float(name, a)
     if not a.is_contiguous_1():
         _fail(name, "input must be contiguous along its rows", a)
     if b is None:
@@ -805,6 +923,7 @@ def swiglu(a, *, ctx=None):
 
 
 def swiglu_swapped(a, *, ctx=None):
+    """As ``swiglu``, but the gate ``g`` is the first half of each row and ``x`` the second."""
     return _glu_impl(a, None, GluOp.SWIGLU, True, ctx)
 
 
@@ -814,22 +933,27 @@ def swiglu_split(a, b, *, ctx=None):
 
 
 def geglu(a, *, ctx=None):
+    """``gelu(x) * g`` where ``x`` and ``g`` are the first and second halves of each row: ne0 is halved."""
     return _glu_impl(a, None, GluOp.GEGLU, False, ctx)
 
 
 def geglu_split(a, b, *, ctx=None):
+    """``gelu(a) * b``, for ``a`` and ``b`` of one type and shape."""
     return _glu_impl(a, b, GluOp.GEGLU, False, ctx)
 
 
 def reglu(a, *, ctx=None):
+    """``relu(x) * g`` where ``x`` and ``g`` are the first and second halves of each row: ne0 is halved."""
     return _glu_impl(a, None, GluOp.REGLU, False, ctx)
 
 
 def reglu_split(a, b, *, ctx=None):
+    """``relu(a) * b``, for ``a`` and ``b`` of one type and shape."""
     return _glu_impl(a, b, GluOp.REGLU, False, ctx)
 
 
 class PadParams(NamedTuple):
+    """PAD's ``op_params``: zeros added before (``lpN``) and after (``rpN``) each dim N."""
     lp0: int
     rp0: int
     lp1: int
@@ -841,6 +965,7 @@ class PadParams(NamedTuple):
 
 
 def pad_params(t):
+    """A PAD node's paddings, left and right per dim, as ``PadParams``."""
     return _read(t, PadParams, Op.PAD)
 
 
@@ -878,26 +1003,32 @@ def _reshape(a, ne, ctx):
 
 
 def reshape_1d(a, ne0, *, ctx=None):
+    """A view of the contiguous ``a`` with the shape [ne0] (the element count must match)."""
     return _reshape(a, (ne0,), ctx)
 
 
 def reshape_2d(a, ne0, ne1, *, ctx=None):
+    """A view of the contiguous ``a`` with the shape [ne0, ne1] (the element count must match)."""
     return _reshape(a, (ne0, ne1), ctx)
 
 
 def reshape_3d(a, ne0, ne1, ne2, *, ctx=None):
+    """A view of the contiguous ``a`` with the shape [ne0, ne1, ne2] (the element count must match)."""
     return _reshape(a, (ne0, ne1, ne2), ctx)
 
 
 def reshape_4d(a, ne0, ne1, ne2, ne3, *, ctx=None):
+    """A view of the contiguous ``a`` with the shape [ne0, ne1, ne2, ne3] (the element count must match)."""
     return _reshape(a, (ne0, ne1, ne2, ne3), ctx)
 
 
 class ViewParams(NamedTuple):
+    """VIEW's ``op_params``: where the view starts in its source."""
     offset: int   # bytes into the source's data
 
 
 def view_offset(t):
+    """A VIEW node's offset, in bytes, into its source's data."""
     return _read(t, ViewParams, Op.VIEW).offset
 
 
@@ -912,24 +1043,32 @@ def _view(a, ne, nb, offset, ctx):
 
 
 def view_1d(a, ne0, offset=0, *, ctx=None):
+    """A view of ``ne0`` consecutive elements of ``a``, starting ``offset`` bytes into its data."""
     return _view(a, (ne0,), None, offset, ctx)
 
 
 def view_2d(a, ne0, ne1, nb1, offset=0, *, ctx=None):
+    """A view of ``a`` as ``ne1`` rows of ``ne0`` elements, rows ``nb1`` bytes apart, starting ``offset``
+    bytes into its data."""
     nb0 = type_size(a.type)
     return _view(a, (ne0, ne1), (nb0, nb1, nb1 * ne1, nb1 * ne1), offset, ctx)
 
 
 def view_3d(a, ne0, ne1, ne2, nb1, nb2, offset=0, *, ctx=None):
+    """A view of ``a`` with the shape [ne0, ne1, ne2] and the byte strides ``nb1``, ``nb2``, starting
+    ``offset`` bytes into its data."""
     nb0 = type_size(a.type)
     return _view(a, (ne0, ne1, ne2), (nb0, nb1, nb2, nb2 * ne2), offset, ctx)
 
 
 def view_4d(a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset=0, *, ctx=None):
+    """A view of ``a`` with the shape [ne0, ne1, ne2, ne3] and the byte strides ``nb1``, ``nb2``, ``nb3``,
+    starting ``offset`` bytes into its data."""
     return _view(a, (ne0, ne1, ne2, ne3), (type_size(a.type), nb1, nb2, nb3), offset, ctx)
 
 
 class PermuteParams(NamedTuple):
+    """PERMUTE's and TRANSPOSE's ``op_params``: the result dim that each source dim became."""
     axis0: int
     axis1: int
     axis2: int

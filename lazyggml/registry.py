@@ -47,14 +47,17 @@ def register_backend(reg):
 
 
 def reg_count():
+    """How many backend registries there are (built in and registered)."""
     return len(_regs())
 
 
 def reg_get(i):
+    """The ``i``-th registry, in GGML's order (CUDA, OpenCL, CPU, then those registered)."""
     return _regs()[i]
 
 
 def reg_by_name(name):
+    """The registry named ``name`` (any case), or None."""
     return next((r for r in _regs() if r.name.lower() == name.lower()), None)
 
 
@@ -63,22 +66,28 @@ def _devices():
 
 
 def dev_count():
+    """How many devices all the registries hold together."""
     return len(_devices())
 
 
 def dev_get(i):
+    """The ``i``-th device over all the registries, in their order."""
     return _devices()[i]
 
 
 def dev_by_name(name):
+    """The device named ``name`` (any case), or None."""
     return next((d for d in _devices() if d.name.lower() == name.lower()), None)
 
 
 def dev_by_type(type_):
+    """The first device of the ``DeviceType`` ``type_``, or None."""
     return next((d for d in _devices() if d.type == type_), None)
 
 
 def backend_init_by_name(name):
+    """A new backend on the device named ``name`` (any case); ``ValueError`` listing the devices when none has
+    it."""
     d = dev_by_name(name)
     if d is None:
         raise ValueError(f"no device named {name!r}; devices: {[x.name for x in _devices()]}")
@@ -86,6 +95,7 @@ def backend_init_by_name(name):
 
 
 def backend_init_by_type(type_):
+    """A new backend on the first device of the ``DeviceType`` ``type_``, or None when there is none."""
     d = dev_by_type(type_)
     return None if d is None else d.init_backend()
 

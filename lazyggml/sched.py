@@ -55,9 +55,10 @@ import logging
 from . import debug
 from .alloc import Gallocr
 from .buffer import BufferUsage, Status
+from .errors import UnsupportedOpError
 from .backend import DeviceType, event_new, event_synchronize, tensor_copy
 from .graph import Graph
-from .ops import Op, is_view_op, op_desc
+from .ops import Op, is_view_op, node_desc, op_desc
 from .tensor import FLAG_COMPUTE, FLAG_INPUT, Context, set_input, set_output
 
 __all__ = ["SCHED_MAX_BACKENDS", "SCHED_MAX_SPLIT_INPUTS", "SCHED_MAX_COPIES", "Split", "Scheduler",
@@ -161,30 +162,38 @@ class Scheduler:
     # -- small queries (GGML's getters) ----------------------------------------------------------
     @property
     def n_backends(self):
+        """How many backends the scheduler has."""
         return len(self.backends)
 
     @property
     def n_copies(self):
+        """How many copy slots inputs get: several with ``parallel=True`` (pipeline parallelism), else 1."""
         return self._n_copies
 
     @property
     def n_splits(self):
+        """How many splits the last graph was cut into."""
         return len(self._splits)
 
     @property
     def splits(self):
+        """The last graph's splits, in execution order (a new list)."""
         return list(self._splits)
 
     def get_n_backends(self):
+        """GGML's getter for ``n_backends``."""
         return self.n_backends
 
     def get_n_copies(self):
+        """GGML's getter for ``n_copies``."""
         return self._n_copies
 
     def get_n_splits(self):
+        """GGML's getter for ``n_splits``."""
         return self.n_splits
 
     def get_backend(self, i):
+        """The backend of priority ``i`` (0 the highest)."""
         if not 0 <= i < self.n_backends:
             raise ValueError(f"get_backend: index {i} out of range 0..{self.n_backends - 1}")
         return self.backends[i]
@@ -196,6 +205,7 @@ class Scheduler:
         raise ValueError(f"{what}: backend {getattr(backend, 'name', backend)!r} is not in this scheduler")
 
     def get_buffer_type(self, backend):
+        """The compute buffer type used for ``backend``."""
         return self.bufts[self._backend_index(backend, "get_buffer_type")]
 
     def get_buffer_size(self, backend):
@@ -210,6 +220,7 @@ class Scheduler:
 
     @property
     def leaf_backend_ids(self):
+        """Backend id of each leaf of ``graph_copy`` (what the allocator was given)."""
         return self._leaf_ids[:self.graph_copy.n_leafs] if self.graph_copy is not None else []
 
     # -- tensor assignments ----------------------------------------------------------------------
@@ -288,6 +299,8 @@ class Scheduler:
         return True
 
     def graph_compute_async(self, g):
+        """Allocate ``g`` unless it already is (``alloc_graph``), then start its splits in order; returns a
+        ``Status`` and may return before the backends are done."""
         if not self._is_reset and not self._is_alloc:
             self.reset()
         if not self._is_alloc and not self.alloc_graph(g):
@@ -295,6 +308,8 @@ class Scheduler:
         return self._compute_splits()
 
     def graph_compute(self, g):
+        """Compute ``g`` over the backends and wait for them (``graph_compute_async``, then ``synchronize``);
+        returns a ``Status``."""
         status = self.graph_compute_async(g)
         self.synchronize()
         return status
@@ -460,7 +475,7 @@ class Scheduler:
                 if backends[b].supports_op(node):
                     self._set(node, b, "2.sup")
             if ids.get(node, -1) == -1:
-                raise ValueError(f"split_graph: no backend can run {op_desc(node)} ('{node.name}')")
+                raise UnsupportedOpError(f"split_graph: no backend can run {node_desc(node)}")
 
         self._pass5(g)
         if self.debug:
@@ -508,7 +523,7 @@ class Scheduler:
             for j, s in srcs:
                 src_b = ids.get(s, -1)
                 if src_b == -1:
-                    raise ValueError(f"split_graph: source '{s.name}' of '{node.name}' has no backend")
+                    raise UnsupportedOpError(f"split_graph: source {s.label} of {node.label} has no backend")
                 if s.flags & FLAG_INPUT and nc > 1 and (s, src_b) not in copies:
                     # user inputs get n_copies slots too; the current slot is the tensor itself
                     slots = [s if c == self.cur_copy else

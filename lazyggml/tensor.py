@@ -17,6 +17,7 @@ from numbers import Integral
 import numpy as np
 
 from .buffer import host_buffer_type, placement_changed
+from .errors import AllocationError, OutOfMemoryError
 from .types import Op, Type, as_type, blck_size, type_size, type_name, np_dtype
 
 __all__ = ["MAX_DIMS", "MAX_SRC", "MAX_NAME", "FLAG_INPUT", "FLAG_OUTPUT", "FLAG_PARAM", "FLAG_LOSS",
@@ -83,6 +84,8 @@ class Tensor:
     # -- memory: setting either counts as a move (see buffer.placement_epoch) ------------------
     @property
     def buffer(self):
+        """The buffer holding this tensor's bytes, or None: before allocation, and for a view until
+        ``view_init``. Setting it counts as a move."""
         return self._buffer
 
     @buffer.setter
@@ -92,6 +95,8 @@ class Tensor:
 
     @property
     def offset(self):
+        """Where the bytes start, counted from the buffer's base (GGML's ``data - base``), or None while the
+        tensor has no address. Setting it counts as a move."""
         return self._offset
 
     @offset.setter
@@ -102,18 +107,29 @@ class Tensor:
     # -- names ---------------------------------------------------------------------------------
     @property
     def name(self) -> str:
+        """The tensor's name; one longer than ``MAX_NAME - 1`` characters is cut when set."""
         return self._name
 
     @name.setter
     def name(self, s):
         self._name = str(s)[: MAX_NAME - 1]
 
+    @property
+    def label(self) -> str:
+        """How messages name this tensor: its name in quotes, or what it is when it has none
+        (``unnamed MUL_MAT result``, ``unnamed F32 tensor``): a bare ``''`` tells the reader nothing."""
+        if self._name:
+            return f"'{self._name}'"
+        return f"unnamed {self.op.name} result" if self.op != Op.NONE else f"unnamed {type_name(self.type)} tensor"
+
     # -- sizes ---------------------------------------------------------------------------------
     def nelements(self) -> int:
+        """The number of elements, ne0·ne1·ne2·ne3."""
         ne = self.ne
         return ne[0] * ne[1] * ne[2] * ne[3]
 
     def nrows(self) -> int:
+        """The number of rows, ne1·ne2·ne3."""
         return self.ne[1] * self.ne[2] * self.ne[3]
 
     def nbytes(self) -> int:
@@ -133,10 +149,12 @@ class Tensor:
         return size
 
     def row_bytes(self) -> int:
+        """Bytes in one row: ne0 elements at ``nb[0]`` bytes per block."""
         return self.ne[0] * self.nb[0] // blck_size(self.type)
 
     # -- layout predicates (GGML's ggml_is_*) ----------------------------------------------------
     def is_contiguous(self) -> bool:
+        """The elements are packed in order, with no gaps (GGML's ``ggml_is_contiguous``)."""
         return self._contiguous_from(0)
 
     def is_contiguous_1(self) -> bool:
@@ -144,6 +162,7 @@ class Tensor:
         return self._contiguous_from(1)
 
     def is_contiguous_rows(self) -> bool:
+        """The elements of each row are adjacent; the rows themselves may lie anywhere."""
         return self.ne[0] == blck_size(self.type) or self.nb[0] == type_size(self.type)
 
     def _contiguous_from(self, n):
@@ -163,22 +182,28 @@ class Tensor:
         return True
 
     def is_transposed(self) -> bool:
+        """Dims 0 and 1 are swapped in memory: ``nb[0] > nb[1]``."""
         return self.nb[0] > self.nb[1]
 
     def is_permuted(self) -> bool:
+        """The strides are out of order, so some dims are swapped in memory."""
         nb = self.nb
         return nb[0] > nb[1] or nb[1] > nb[2] or nb[2] > nb[3]
 
     def is_scalar(self) -> bool:
+        """One element: the shape is [1, 1, 1, 1]."""
         return self.ne == (1, 1, 1, 1)
 
     def is_vector(self) -> bool:
+        """A single row: ne1 = ne2 = ne3 = 1."""
         return self.ne[1] == 1 and self.ne[2] == 1 and self.ne[3] == 1
 
     def is_matrix(self) -> bool:
+        """At most two dims: ne2 = ne3 = 1."""
         return self.ne[2] == 1 and self.ne[3] == 1
 
     def n_dims(self) -> int:
+        """The number of dims up to the last one larger than 1, at least 1 (GGML's ``ggml_n_dims``)."""
         for i in range(MAX_DIMS - 1, 0, -1):
             if self.ne[i] > 1:
                 return i + 1
@@ -239,9 +264,11 @@ class Context:
         _local.stack.pop()
 
     def tensors(self):
+        """Every tensor this context created, in order of creation (a new list)."""
         return list(self._tensors)
 
     def get_tensor(self, name):
+        """The first tensor of this context named ``name``, or None (``ggml_get_tensor``)."""
         for t in self._tensors:
             if t.name == name:
                 return t
@@ -261,7 +288,7 @@ class Context:
         if view_src is not None:
             if view_offs < 0 or view_offs + t.nbytes() > view_src.nbytes():
                 raise ValueError(f"{what}: view of {t.nbytes()} bytes at offset {view_offs} is out of "
-                                 f"range of '{view_src.name}' ({view_src.nbytes()} bytes)")
+                                 f"range of {view_src.label} ({view_src.nbytes()} bytes)")
         elif not self.no_alloc:
             self._alloc_host(t)
         self._tensors.append(t)
@@ -270,25 +297,31 @@ class Context:
     def _alloc_host(self, t):
         size = t.nbytes()
         if self.mem_size is not None and self.mem_used + size > self.mem_size:
-            raise ValueError(f"Context: not enough space: {self.mem_used + size} bytes needed, "
+            raise OutOfMemoryError(f"Context: not enough space: {self.mem_used + size} bytes needed, "
                              f"mem_size is {self.mem_size}")
         buf = host_buffer_type().alloc_buffer(max(size, 1))
         t.buffer, t.offset = buf, 0
         self.mem_used += size
 
     def new_tensor(self, type_, ne):
+        """A new packed tensor of type ``type_`` and shape ``ne`` (1 to 4 sizes, ne[0] innermost); with host
+        memory when the context has ``no_alloc=False``."""
         return self._new(type_, ne)
 
     def new_tensor_1d(self, type_, ne0):
+        """``new_tensor`` with the shape [ne0]."""
         return self._new(type_, (ne0,))
 
     def new_tensor_2d(self, type_, ne0, ne1):
+        """``new_tensor`` with the shape [ne0, ne1]: ne1 rows of ne0 elements."""
         return self._new(type_, (ne0, ne1))
 
     def new_tensor_3d(self, type_, ne0, ne1, ne2):
+        """``new_tensor`` with the shape [ne0, ne1, ne2]."""
         return self._new(type_, (ne0, ne1, ne2))
 
     def new_tensor_4d(self, type_, ne0, ne1, ne2, ne3):
+        """``new_tensor`` with the shape [ne0, ne1, ne2, ne3]."""
         return self._new(type_, (ne0, ne1, ne2, ne3))
 
     def dup_tensor(self, src):
@@ -303,11 +336,13 @@ class Context:
         return t
 
     def new_i32(self, value):
+        """A new one-element I32 tensor holding ``value``; the context must have ``no_alloc=False``."""
         t = self.new_tensor_1d(Type.I32, 1)
         _set_scalar(t, np.int32(value))
         return t
 
     def new_f32(self, value):
+        """A new one-element F32 tensor holding ``value``; the context must have ``no_alloc=False``."""
         t = self.new_tensor_1d(Type.F32, 1)
         _set_scalar(t, np.float32(value))
         return t
@@ -315,13 +350,15 @@ class Context:
 
 def _set_scalar(t, v):
     if t.offset is None:
-        raise ValueError("new_i32/new_f32 need a context with no_alloc=False")
+        raise AllocationError("new_i32/new_f32 need a context with no_alloc=False")
     raw = np.asarray([v], dtype=np_dtype(t.type)).view(np.uint8)
     t.buffer.set_tensor(t, raw, 0, raw.size)
 
 
 # -- flag setters (GGML's ggml_set_*) --------------------------------------------------------------
 def set_input(t):
+    """Mark ``t`` as a graph input (``FLAG_INPUT``): the allocator places it before any computed tensor, and
+    the scheduler assigns it to the last (CPU) backend unless it already lives in a buffer."""
     t.flags |= FLAG_INPUT
 
 
@@ -333,21 +370,26 @@ def set_output(t):
 
 
 def set_param(t):
+    """Mark the leaf ``t`` as a trainable parameter (``FLAG_PARAM``): graphs then list it as a node, not a
+    leaf."""
     if t.op != Op.NONE:
-        raise ValueError(f"set_param: '{t.name}' is the result of {t.op.name}; only leafs can be params")
+        raise ValueError(f"set_param: {t.label} is the result of {t.op.name}; only leafs can be params")
     t.flags |= FLAG_PARAM
 
 
 def set_loss(t):
+    """Mark ``t``, a one-element F32 tensor, as the loss (``FLAG_LOSS``)."""
     if not t.is_scalar() or t.type != Type.F32:
         raise ValueError(f"set_loss: the loss must be a scalar F32, got {t!r}")
     t.flags |= FLAG_LOSS
 
 
 def set_name(t, name):
+    """Name ``t`` (cut to ``MAX_NAME - 1`` characters) and return it."""
     t.name = name
     return t
 
 
 def get_name(t):
+    """``t``'s name."""
     return t.name

@@ -311,6 +311,8 @@ class StandInDevice(CPUDevice):
 
 
 class StandInEvent:
+    """An event of a deferred ``StandInDevice``: it remembers the backend it was last recorded on, and waiting
+    for it runs that backend's queue."""
     def __init__(self, device):
         self.device = device
         self.backend = None   # the backend whose queue the event was last recorded on
@@ -324,17 +326,22 @@ class DeferredBackend(CPUBackend):
         self.queue = []
 
     def graph_compute(self, g):
+        """Queue ``g``; it is computed at the next ``synchronize``."""
         self.queue.append(g)
         return Status.SUCCESS
 
     def synchronize(self):
+        """Compute the queued graphs, oldest first."""
         while self.queue:
             super().graph_compute(self.queue.pop(0))
 
     def event_record(self, event):
+        """Record ``event`` on this backend: waiting for it will run this backend's queue."""
         event.backend = self
 
     def event_wait(self, event):
+        """Wait for ``event``: the queue of the backend it was recorded on runs first, when that is another
+        backend."""
         # the other backend's queued work must come first; it may as well run now
         if event.backend is not None and event.backend is not self:
             event.backend.synchronize()

@@ -37,7 +37,8 @@ import string
 
 import regex
 
-from .gguf_io import GGUFError, get_key
+from .errors import GGUFError
+from .gguf_io import get_key
 
 __all__ = ["TokenType", "TokenAttr", "Tokenizer", "PreTokenizer", "PRE_TOKENIZERS", "pre_tokenize",
            "byte_encode", "BYTE_TO_UNICODE", "UNICODE_TO_BYTE", "SPIECE_UNDERLINE",

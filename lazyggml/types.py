@@ -20,6 +20,8 @@ QK_K = 256  # elements in a K-quant super-block
 
 
 class Type(enum.IntEnum):
+    """GGML's ``enum ggml_type``: a tensor's element type, plain or block-quantized. The values are GGML's and
+    GGUF's ids, so ``Type(raw_id)`` reads a type from a GGUF file."""
     F32 = 0
     F16 = 1
     Q4_0 = 2
@@ -105,6 +107,7 @@ def type_size(t) -> int:
 
 
 def is_quantized(t) -> bool:
+    """True for the block-quantized types (more than one element per block)."""
     return blck_size(t) > 1
 
 

@@ -730,7 +730,7 @@ def test_tallocr_is_linear_and_padded():
     t.alloc(a)
     t.alloc(b)
     assert (a.offset, b.offset, t.offset) == (0, 1024, 1024 + 416)
-    with pytest.raises(ValueError, match="not enough space"):
+    with pytest.raises(lg.OutOfMemoryError, match="not enough space"):
         t.alloc(c)
 
 

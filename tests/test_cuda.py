@@ -356,7 +356,7 @@ if CHILD:
         v = np.arange(10, dtype=np.float32)
         lg.tensor_set(a, v)
         assert np.array_equal(lg.tensor_get(a).ravel(), v)
-        lg.tensor_set(a, np.float32([7, 8]), offset=8)   # partial write at a byte offset
+        lg.tensor_set(a, np.float32([7, 8]), offset=8, size=8)   # partial write at a byte offset
         assert lg.tensor_get(a).ravel()[2:4].tolist() == [7, 8]
         lg.tensor_copy(a, b)                             # device to device
         assert np.array_equal(lg.tensor_get(b), lg.tensor_get(a))

@@ -181,7 +181,7 @@ def test_set_get_at_odd_offsets(ocl):
     data = np.random.default_rng(0).integers(-128, 128, 301).astype(np.int8)
     tensor_set(t, data)
     assert np.array_equal(tensor_get(t).ravel(), data)
-    tensor_set(t, np.arange(5, dtype=np.int8), offset=7)  # a partial write inside the tensor
+    tensor_set(t, np.arange(5, dtype=np.int8), offset=7, size=5)  # a partial write inside the tensor
     data[7:12] = np.arange(5)
     assert np.array_equal(tensor_get_bytes(t, 5, 20), data[5:25].view(np.uint8))
     lg.tensor_memset(t, 0xAB, offset=11, size=13)

@@ -142,7 +142,7 @@ def test_bad_types_and_blocks():
 def test_context_memory_limit():
     ctx = lg.Context(mem_size=64, no_alloc=False)
     ctx.new_tensor_1d(F32, 8)
-    with pytest.raises(ValueError, match="not enough space"):
+    with pytest.raises(lg.OutOfMemoryError, match="not enough space"):
         ctx.new_tensor_1d(F32, 16)
 
 

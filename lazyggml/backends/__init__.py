@@ -15,7 +15,8 @@ import importlib
 import pkgutil
 import weakref
 
-from ..ops import EMPTY_OPS, op_desc
+from ..errors import UnsupportedOpError
+from ..ops import EMPTY_OPS, node_desc
 from ..tensor import FLAG_COMPUTE
 
 
@@ -75,9 +76,7 @@ class KernelTable(dict):
             if node.op in EMPTY_OPS or not node.flags & FLAG_COMPUTE or node.nelements() == 0:
                 continue
             if not self.supports(node):
-                srcs = ", ".join(repr(s) for s in node.src if s is not None)
-                raise ValueError(f"{self.backend} backend: {op_desc(node)} is not supported for "
-                                 f"'{node.name}' ({srcs})")
+                raise UnsupportedOpError(f"{self.backend} backend cannot run {node_desc(node)}")
             out.append((self[node.op][0], node))
         self._runnable[g] = (nodes, out)
         return out

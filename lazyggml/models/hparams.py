@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..gguf_io import GGUFError, get_count, get_key, get_per_layer, get_positive_float
+from ..errors import GGUFError
+from ..gguf_io import get_count, get_key, get_per_layer, get_positive_float
 from ..types import Type, type_name
 
 __all__ = ["LLAMA_ROPE_SCALING_TYPES", "LlamaHParams", "WEIGHT_TYPES", "llama_tensor_shapes", "check_llama_tensors"]
@@ -39,14 +40,17 @@ class LlamaHParams:
 
     @property
     def n_gqa(self) -> int:
+        """Query heads per key/value head (grouped-query attention; 1 for plain multi-head attention)."""
         return self.n_head // self.n_head_kv
 
     @property
     def n_embd_k_gqa(self) -> int:
+        """Width of one token's keys over all key/value heads: ``n_embd_head_k * n_head_kv``."""
         return self.n_embd_head_k * self.n_head_kv
 
     @property
     def n_embd_v_gqa(self) -> int:
+        """Width of one token's values over all key/value heads: ``n_embd_head_v * n_head_kv``."""
         return self.n_embd_head_v * self.n_head_kv
 
     @classmethod

@@ -178,4 +178,6 @@ def registry():
 
 
 def backend_cpu_init():
+    """A new backend on the machine's one CPU device, running on all of Numba's threads
+    (``ggml_backend_cpu_init``)."""
     return cpu_device().init_backend()
