@@ -114,6 +114,27 @@ def test_logits_match_float64_reference_on_cpu(tiny):
     assert _nmse(got, reference_logits(hp, w, toks)) < tol, f"seed {SEED}"
 
 
+def test_bf16_norms_are_widened_at_load_and_a_quantized_norm_is_refused(tmp_path):
+    """A file is judged at load: BF16 (or F16) norm weights, which the backends' MUL does not take,
+    are loaded as F32, exactly (the logits are the float64 reference's); a Q8_0 norm, which nothing
+    runs, is a GGUFError naming the tensor before anything is allocated."""
+    path = make_tiny_llama(tmp_path / "bf16_norms.gguf", n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+                           n_vocab=300, types={"*norm*": lg.BF16, "*.weight": lg.Q8_0}, seed=SEED)
+    hp, w = _weights(path)
+    model = lg.load_model(path)
+    norm = model.w["blk.1.ffn_norm.weight"]
+    assert norm.type == lg.F32
+    np.testing.assert_array_equal(lg.tensor_get(norm).ravel(), w["blk.1.ffn_norm.weight"])
+    toks = _tokens(9, hp.n_vocab, SEED)
+    assert _nmse(model.eval(toks), reference_logits(hp, w, toks)) < TOLERANCE["q8_0"]
+
+    bad = make_tiny_llama(tmp_path / "q8_0_norm.gguf", n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+                          n_vocab=300, types={"blk.1.attn_norm.weight": lg.Q8_0}, seed=SEED)
+    with pytest.raises(lg.GGUFError, match=r"tensor 'blk.1.attn_norm.weight': q8_0 weights: the CPU backend "
+                                           r"cannot run MUL on them"):
+        lg.load_model(bad)
+
+
 def _opencl_device():
     dev = lg.dev_by_name("OpenCL0")
     if dev is None:

@@ -38,19 +38,22 @@ import time
 import numpy as np
 
 from .. import ops
+from ..ops import op_desc
 from ..alloc import alloc_ctx_tensors_from_buft
 from ..buffer import BufferUsage
 from ..backend import DeviceType, tensor_get, tensor_set
 from ..registry import dev_by_name, dev_count, dev_get
 from ..backends.cpu import backend_cpu_init, set_n_threads
 from ..graph import Graph
+from ..errors import GGUFError
 from ..gguf_io import read_gguf
+from ..quants import dequantize
 from .hparams import LlamaHParams, check_llama_tensors
 from ..sampling import Sampler
 from ..sched import Scheduler
 from ..tensor import Context, set_input, set_output
 from ..tokenizer import Tokenizer
-from ..types import Type
+from ..types import Type, type_name
 
 __all__ = ["LlamaModel", "load_model", "offload_devices", "split_layers", "N_BATCH", "N_BATCH_GPU", "KV_PAD",
            "KV_PAD_BATCH"]
@@ -130,6 +133,19 @@ def split_layers(n_layer, n_gpu_layers, devices, tensor_split=None):
     return out
 
 
+def _weight_use(name, type_, ne):
+    """The node ``LlamaModel._build`` makes of weight ``name`` (a stand-in with ``type_`` and ``ne``),
+    for asking a backend whether it runs that: token embeddings are gathered (``get_rows``), 1-D
+    weights (norms) multiply the hidden state, the rest are matrices a hidden state is multiplied by."""
+    ctx = Context()
+    w = ctx.new_tensor(type_, ne)
+    w.name = name
+    if name == "token_embd.weight":
+        return ops.get_rows(w, ctx.new_tensor_1d(Type.I32, 1))
+    x = ctx.new_tensor_1d(Type.F32, ne[0])
+    return ops.mul(x, w) if len(ne) == 1 else ops.mul_mat(w, x)
+
+
 class LlamaModel:
     """A loaded LLaMA-architecture GGUF model with its KV cache (``lg.load_model``)."""
 
@@ -167,12 +183,13 @@ class LlamaModel:
             return cpu
 
         # weights: one no_alloc context per backend, then one WEIGHTS buffer each, filled from the map
+        types = {name: self._load_type(name, info, backend_of(name)) for name, info in infos.items()}
         self.w = {}
         ctxs = {}
         for name, info in infos.items():
             b = backend_of(name)
             ctx = ctxs.setdefault(b, Context())
-            t = ctx.new_tensor(info.type, info.ne)
+            t = ctx.new_tensor(types[name], info.ne)
             t.name = name
             self.w[name] = t
         self.weight_buffers = []
@@ -185,7 +202,10 @@ class LlamaModel:
             from tqdm import tqdm
             items = tqdm(items, desc="loading", unit="tensor", leave=False)
         for name, info in items:
-            tensor_set(self.w[name], self.file.mmap[info.offset:info.offset + info.nbytes])
+            data = self.file.mmap[info.offset:info.offset + info.nbytes]
+            if types[name] != info.type:
+                data = dequantize(info.type, data, info.ne[0])
+            tensor_set(self.w[name], data)
 
         # the KV cache on the layer's device: K has an F16 row of n_embd_k_gqa per cell, V an F16
         # row of n_ctx cells per element (transposed)
@@ -225,6 +245,20 @@ class LlamaModel:
         self.load_time = time.perf_counter() - t0
 
     # -- the graph ----------------------------------------------------------------------------------
+    def _load_type(self, name, info, backend):
+        """The type weight ``name`` is loaded as: its file type when ``backend`` runs the node the
+        graph makes of it (``_weight_use``); else, for a 1-D F16/BF16 weight (a norm), F32, which
+        holds it exactly; else the file is refused now rather than at the first eval."""
+        if backend.supports_op(_weight_use(name, info.type, info.ne)):
+            return info.type
+        if len(info.ne) == 1 and info.type in (Type.F16, Type.BF16) and \
+                backend.supports_op(_weight_use(name, Type.F32, info.ne)):
+            log.info("%s: %s weights widened to f32", name, type_name(info.type))
+            return Type.F32
+        use = _weight_use(name, info.type, info.ne)
+        raise GGUFError(self.path, f"tensor '{name}'", f"{type_name(info.type)} weights: the {backend.name} "
+                                                       f"backend cannot run {op_desc(use)} on them")
+
     def _build(self, n_tokens, n_kv, logits_all):
         hp, w = self.hp, self.w
         ctx = Context()
