@@ -192,7 +192,10 @@ class HostBuffer(Buffer):
 
     def __init__(self, buft, size):
         super().__init__(buft, size)
-        self.data = np.zeros(self.size, dtype=np.uint8)
+        try:
+            self.data = np.zeros(self.size, dtype=np.uint8)
+        except MemoryError:
+            raise OutOfMemoryError(f"{buft.name}: cannot allocate {self.size} bytes of host memory") from None
 
     def set_tensor(self, t, data, offset, size):
         start = t.offset + offset

@@ -151,3 +151,9 @@ def test_a_node_no_backend_runs_is_an_unsupported_op_error_naming_it():
     with pytest.raises(lg.UnsupportedOpError, match=r"no backend can run ADD -> 'node_0' f16\[4, 3, 1, 1\] "
                                                     r"from 'h' f16"):
         sched.alloc_graph(g)
+
+
+def test_a_buffer_larger_than_memory_is_an_out_of_memory_error_naming_the_buffer_type():
+    from lazyggml.backends.cpu import cpu_buffer_type
+    with pytest.raises(lg.OutOfMemoryError, match=r"CPU: cannot allocate 1152921504606846976 bytes of host memory"):
+        cpu_buffer_type().alloc_buffer(1 << 60)

@@ -135,6 +135,30 @@ def test_bf16_norms_are_widened_at_load_and_a_quantized_norm_is_refused(tmp_path
         lg.load_model(bad)
 
 
+def test_a_model_larger_than_free_memory_is_refused_before_anything_is_allocated(tmp_path, monkeypatch, capsys):
+    """The placement's weights and KV cache are weighed against each device's free memory first: an
+    OutOfMemoryError that gives the sizes and what to change, and nothing half-loaded; the CLI says
+    it in one line."""
+    from lazyggml.backends.cpu.backend import CPUDevice
+    from lazyggml.cli import main
+    path = make_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=300,
+                           n_ctx=128, seed=SEED)
+    monkeypatch.setattr(CPUDevice, "memory", lambda self: (64 * 1024, 1 << 30))
+    allocated = []
+    orig = lg.BufferType.alloc_buffer
+    monkeypatch.setattr(lg.BufferType, "alloc_buffer", lambda buft, size: allocated.append(size) or orig(buft, size))
+    with pytest.raises(lg.OutOfMemoryError, match=r"CPU has 64 KiB free, but its share of the model needs "
+                                                  r"\d+ KiB \(\d+ KiB of weights, 32 KiB of KV cache for a "
+                                                  r"context of 128\); put fewer layers there \(-ngl\) or use a "
+                                                  r"smaller context \(-c\)"):
+        lg.load_model(path)
+    assert allocated == []
+    capsys.readouterr()
+    assert main(["generate", str(path), "-n", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "lazyggml: error:" in err and "KiB free" in err
+
+
 def _opencl_device():
     dev = lg.dev_by_name("OpenCL0")
     if dev is None:

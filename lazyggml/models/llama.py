@@ -45,7 +45,7 @@ from ..backend import DeviceType, tensor_get, tensor_set
 from ..registry import dev_by_name, dev_count, dev_get
 from ..backends.cpu import backend_cpu_init, set_n_threads
 from ..graph import Graph
-from ..errors import GGUFError
+from ..errors import GGUFError, OutOfMemoryError
 from ..gguf_io import read_gguf
 from ..quants import dequantize
 from .hparams import LlamaHParams, check_llama_tensors
@@ -53,7 +53,7 @@ from ..sampling import Sampler
 from ..sched import Scheduler
 from ..tensor import Context, set_input, set_output
 from ..tokenizer import Tokenizer
-from ..types import Type, type_name
+from ..types import Type, row_size, type_name
 
 __all__ = ["LlamaModel", "load_model", "offload_devices", "split_layers", "N_BATCH", "N_BATCH_GPU", "KV_PAD",
            "KV_PAD_BATCH"]
@@ -133,6 +133,12 @@ def split_layers(n_layer, n_gpu_layers, devices, tensor_split=None):
     return out
 
 
+def _gib(n):
+    """Bytes for a reader: GiB with two decimals, MiB with one below a GiB, KiB below a MiB."""
+    return (f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else
+            f"{n // 1024} KiB")
+
+
 def _weight_use(name, type_, ne):
     """The node ``LlamaModel._build`` makes of weight ``name`` (a stand-in with ``type_`` and ``ne``),
     for asking a backend whether it runs that: token embeddings are gathered (``get_rows``), 1-D
@@ -184,6 +190,7 @@ class LlamaModel:
 
         # weights: one no_alloc context per backend, then one WEIGHTS buffer each, filled from the map
         types = {name: self._load_type(name, info, backend_of(name)) for name, info in infos.items()}
+        self._check_memory(types, infos, backend_of)
         self.w = {}
         ctxs = {}
         for name, info in infos.items():
@@ -258,6 +265,24 @@ class LlamaModel:
         use = _weight_use(name, info.type, info.ne)
         raise GGUFError(self.path, f"tensor '{name}'", f"{type_name(info.type)} weights: the {backend.name} "
                                                        f"backend cannot run {op_desc(use)} on them")
+
+    def _check_memory(self, types, infos, backend_of):
+        """Refuse, before anything is allocated, a placement whose weights and KV cache do not fit a
+        device's free memory (a device that cannot say how much it has free reports 0 and is not
+        checked). The compute buffers come on top, sized later by the scheduler."""
+        need = {}
+        for name, info in infos.items():
+            need.setdefault(backend_of(name), [0, 0])[0] += row_size(types[name], info.ne[0]) * math.prod(info.ne[1:])
+        kv_bytes = 2 * self.n_ctx * (self.hp.n_embd_k_gqa + self.hp.n_embd_v_gqa)   # F16 K and V, per layer
+        for il in range(self.hp.n_layer):
+            need.setdefault(backend_of(f"blk.{il}."), [0, 0])[1] += kv_bytes
+        for backend, (weights, kv) in need.items():
+            free = backend.device.memory()[0]
+            if free and weights + kv > free:
+                raise OutOfMemoryError(
+                    f"{self.path}: {backend.name} has {_gib(free)} free, but its share of the model needs "
+                    f"{_gib(weights + kv)} ({_gib(weights)} of weights, {_gib(kv)} of KV cache for a context "
+                    f"of {self.n_ctx}); put fewer layers there (-ngl) or use a smaller context (-c)")
 
     def _build(self, n_tokens, n_kv, logits_all):
         hp, w = self.hp, self.w

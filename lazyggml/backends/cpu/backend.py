@@ -38,11 +38,20 @@ class CPUDevice(Device):
         self._buft = BufferType("CPU", self, alignment=32, host=True)   # host memory (HostBuffer)
 
     def memory(self):
+        """(free, total) bytes of host memory. Free is Linux's MemAvailable (free pages plus the page
+        cache the kernel can drop, such as a model file's mapped pages) where there is one."""
         try:
-            pages, size = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-            return pages * size, os.sysconf("SC_PHYS_PAGES") * size
+            page = os.sysconf("SC_PAGE_SIZE")
+            free, total = os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
         except (ValueError, OSError):
             return (0, 0)
+        try:
+            with open("/proc/meminfo") as f:
+                kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+            free = kib * 1024
+        except (OSError, StopIteration, ValueError, IndexError):
+            pass
+        return free, total
 
     def get_buffer_type(self):
         return self._buft

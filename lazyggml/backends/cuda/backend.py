@@ -35,6 +35,7 @@ import numpy as np
 
 from ...backend import Backend, Device, DeviceType, Registry
 from ...buffer import Buffer, BufferType, Status
+from ...errors import OutOfMemoryError
 from ...ops import EMPTY_OPS, Op
 from .table import FORWARD
 
@@ -69,7 +70,10 @@ class CUDABuffer(Buffer):
         super().__init__(buft, size)
         self._views = {}
         with buft.device.context():
-            self.dev = _cuda().device_array(max(self.size, 1), np.uint8)
+            try:
+                self.dev = _cuda().device_array(max(self.size, 1), np.uint8)
+            except Exception as e:    # numba-cuda's CudaAPIError (CUDA_ERROR_OUT_OF_MEMORY), or MemoryError
+                raise OutOfMemoryError(f"{buft.name}: cannot allocate {self.size} bytes: {e}") from None
 
     def view(self, offset, nbytes, dtype, cols=None):
         """Bytes ``offset .. offset+nbytes`` as a flat ``dtype`` array, or 2-D with ``cols`` columns."""
