@@ -3,11 +3,16 @@
 The low-level API mirrors ``ggml.h``, ``ggml-alloc.h`` and ``ggml-backend.h``: the same names in
 snake_case without the ``ggml_`` prefix, the same argument order and semantics.
 
-    import lazyggml as lg
-    ctx = lg.Context()
-    a = ctx.new_tensor_2d(lg.F32, 4, 3)
-    b = lg.relu(lg.scale(a, 2.0))
+    import numpy as np, lazyggml as lg
+    ctx = lg.Context(no_alloc=False)          # tensors get host memory as they are made
+    a = ctx.new_tensor_2d(lg.F32, 4, 3)       # ne = [4, 3]: NumPy shape (3, 4)
+    b = lg.relu(lg.scale(a, 2.0))             # lazy: nothing computed yet
     g = lg.Graph(); lg.build_forward_expand(g, b)
+    lg.tensor_set(a, np.ones((3, 4), np.float32))
+    lg.backend_graph_compute(lg.backend_cpu_init(), g)
+    lg.tensor_get(b)                          # a 4-D array, shape reversed(ne)
+
+Errors lazyggml raises for bad input are ``lg.LazyGGMLError``s (``errors.py``).
 """
 from . import cache  # first: points Numba's kernel cache at lazyggml's directory before Numba loads
 from .errors import (LazyGGMLError, GGUFError, ShapeError, TensorTypeError, UnsupportedOpError, AllocationError,

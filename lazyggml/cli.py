@@ -135,14 +135,60 @@ def _check_run_options(args):
         args.threads = _usable_cpus()
 
 
+class _FirstRunNotice:
+    """What a user sees while kernels compile: one line when the first one starts (on a first run,
+    or after an upgrade), then, on a terminal, a progress bar counting them until ``close()``."""
+
+    def __init__(self):
+        self.bar = None
+        self.said = False
+
+    def on_start(self, name):
+        if not self.said:
+            from .cache import CACHE_DIR
+            print(f"lazyggml: compiling kernels for this machine, once: this first run takes a minute or so, "
+                  f"later runs load them from {CACHE_DIR} ('lazyggml warmup' compiles them ahead of time)",
+                  file=sys.stderr)
+            self.said = True
+            if sys.stderr.isatty():
+                from tqdm import tqdm
+                self.bar = tqdm(desc="compiling", unit=" kernels", leave=False, file=sys.stderr)
+        if self.bar is not None:
+            self.bar.set_postfix_str(name, refresh=False)
+
+    def on_end(self, name):
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
 def _generate(args, path=None):
+    from .compiling import CompileWatch
     from .models.llama import load_model
 
     _check_run_options(args)
     path = path or args.model
+    notice = _FirstRunNotice()
+    with CompileWatch(notice.on_start, notice.on_end) as watch:
+        try:
+            return _run(args, path, load_model, watch, notice)
+        finally:
+            notice.close()
+
+
+def _run(args, path, load_model, watch, notice):
     model = load_model(path, n_gpu_layers=args.n_gpu_layers, device=args.device, n_ctx=args.ctx_size,
                        n_threads=args.threads, progress=sys.stderr.isatty(), tensor_split=args.tensor_split,
                        n_batch=args.ubatch_size)
+    # One decode step, then forgotten: on a first run it compiles the one-token kernels now, before
+    # any output, instead of stalling after the first token (the prompt's kernels compile during
+    # the prefill, which comes before any output too). Later runs load them in milliseconds.
+    model.eval([0], logits_all=False)
+    model.reset()
     backends = ", ".join(b.name for b in model.backends)
     print(f"loaded {path} in {model.load_time:.2f} s: {model.hp.n_layer} layers, n_embd {model.hp.n_embd}, "
           f"vocab {model.hp.n_vocab}; backends {backends}")
@@ -151,23 +197,41 @@ def _generate(args, path=None):
         print(f"lazyggml: note: -c {args.ctx_size} capped to {model.n_ctx}, the model's training context",
               file=sys.stderr)
     stats = {}
-    sys.stdout.write(args.prompt)
-    for piece in model.generate(args.prompt, args.n_predict, temp=args.temp, top_k=args.top_k,
-                                top_p=args.top_p, seed=args.seed, stats=stats):
+    compiled = [watch.seconds]     # compile seconds before the prompt, after it, at the end
+    for i, piece in enumerate(model.generate(args.prompt, args.n_predict, temp=args.temp, top_k=args.top_k,
+                                             top_p=args.top_p, seed=args.seed, stats=stats)):
+        if i == 0:
+            compiled.append(watch.seconds)
+            notice.close()
+            sys.stdout.write(args.prompt)
         sys.stdout.write(piece)
         sys.stdout.flush()
+    if len(compiled) == 1:
+        compiled.append(watch.seconds)
+        sys.stdout.write(args.prompt)
+    compiled.append(watch.seconds)
     print()
     if "first_token_time" in stats:
-        print(f"first token: {stats['first_token_time'] - _T0:.2f} s")
-    print(f"prefill: {stats['n_prompt']} tokens in {stats['prefill_s']:.2f} s "
-          f"({stats['n_prompt'] / max(stats['prefill_s'], 1e-9):.1f} tokens/s)")
-    print(f"decode: {stats['n_decoded'] / max(stats['decode_s'], 1e-9):.1f} tokens/s "
-          f"({stats['n_decoded']} tokens)")
+        print(f"first token: {stats['first_token_time'] - _T0:.2f} s"
+              + (f" ({watch.seconds:.2f} s of it compiling {watch.count} kernels)" if watch.count else ""))
+    prefill_s, prefill_c = _excluding(stats["prefill_s"], compiled[1] - compiled[0])
+    decode_s, decode_c = _excluding(stats["decode_s"], compiled[2] - compiled[1])
+    print(f"prefill: {stats['n_prompt']} tokens in {prefill_s:.2f} s "
+          f"({stats['n_prompt'] / max(prefill_s, 1e-9):.1f} tokens/s){prefill_c}")
+    print(f"decode: {stats['n_decoded'] / max(decode_s, 1e-9):.1f} tokens/s "
+          f"({stats['n_decoded']} tokens){decode_c}")
     print(f"splits: {stats['n_splits']}")
     if stats.get("stop") == "context":
         print(f"lazyggml: note: stopped after {stats['n_decoded']} of {args.n_predict} tokens: the context of "
               f"{model.n_ctx} tokens is full (-c)", file=sys.stderr)
     return 0
+
+
+def _excluding(seconds, compile_s):
+    """A phase's time without the kernels compiled in it, and a note saying so when there were some."""
+    if compile_s <= 0:
+        return seconds, ""
+    return max(seconds - compile_s, 0.0), f"; {compile_s:.2f} s compiling kernels not counted"
 
 
 def _demo(args):

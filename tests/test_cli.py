@@ -96,3 +96,64 @@ def test_interrupt_and_runtime_errors_are_one_line(monkeypatch, capsys, exc, cod
     monkeypatch.setattr(cli, "_generate", fail)
     assert main(["demo", "-n", "1"]) == code
     assert capsys.readouterr().err == text + "\n"
+
+
+def test_compile_watch_counts_real_numba_compiles_once_each_callee_included():
+    """CompileWatch sees Numba's own compile events: a kernel compiling its callee inside it is
+    one compilation; a second call (in memory now) is none."""
+    import numba
+    from lazyggml.compiling import CompileWatch
+
+    @numba.njit
+    def callee(x):
+        return x * 3 + 1
+
+    @numba.njit
+    def kernel(x):
+        return callee(x) - 2
+
+    started = []
+    with CompileWatch(on_start=started.append) as watch:
+        assert kernel(4) == 11
+        assert kernel(5) == 14
+    assert watch.count == 1 and started == ["test_compile_watch_counts_real_numba_compiles_once_each_callee_included"
+                                            ".<locals>.kernel"]
+    assert watch.seconds > 0
+    assert kernel(2.5) == 6.5            # compiled after the watch ended: not counted
+    assert watch.count == 1
+
+
+def test_a_first_run_says_kernels_compile_and_leaves_compile_time_out_of_the_speeds(monkeypatch, capsys):
+    """What a user sees on a first run: one line saying kernels compile (once, where they are kept,
+    that warmup does it ahead), before any output; the prefill and decode speeds exclude the compile
+    time and say so. Compiles are stood in for by OpenCL-style ``compiling`` blocks of known length,
+    in the prefill and at the first decode step; a warm run says nothing of compiling."""
+    import time
+    from lazyggml.compiling import compiling
+    from lazyggml.models.llama import LlamaModel
+    orig_eval = LlamaModel.eval
+    calls = []
+
+    def slow_first_evals(self, tokens, logits_all=True):
+        calls.append(len(tokens))
+        if len(calls) <= 2:                      # the CLI's decode step, then the prompt
+            with compiling(f"kernel{len(calls)}"):
+                time.sleep(0.5)
+        return orig_eval(self, tokens, logits_all)
+
+    monkeypatch.setattr(LlamaModel, "eval", slow_first_evals)
+    assert main(["demo", "-n", "4", "--seed", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert calls[0] == 1 and calls[1] > 1            # one decode step before the prompt
+    assert err.count("compiling kernels for this machine, once") == 1 and "lazyggml warmup" in err
+    prefill = re.search(r"^prefill: \d+ tokens in (\d+\.\d\d) s \(.*; (\d+\.\d\d) s compiling kernels not counted$",
+                        out, re.M)
+    assert prefill and float(prefill.group(1)) < 0.5 and float(prefill.group(2)) >= 0.5
+    assert re.search(r"^first token: \d+\.\d\d s \(\d+\.\d\d s of it compiling 2 kernels\)$", out, re.M)
+    assert "not counted" not in re.search(r"^decode: .*$", out, re.M).group(0)
+
+    calls.clear()
+    monkeypatch.setattr(LlamaModel, "eval", orig_eval)
+    assert main(["demo", "-n", "4", "--seed", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "compiling" not in err and "compiling" not in out

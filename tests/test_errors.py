@@ -128,6 +128,16 @@ def test_computing_without_memory_says_how_to_allocate():
         lg.tensor_set(a, np.ones((3, 4), np.float32))
 
 
+def test_the_package_docstring_example_runs():
+    """The example a user reads first (``help(lazyggml)``) computes as written."""
+    import textwrap
+    block = lg.__doc__.split("\n\n")[2]
+    assert "backend_graph_compute" in block
+    scope = {}
+    exec(textwrap.dedent(block), scope)
+    np.testing.assert_array_equal(scope["lg"].tensor_get(scope["b"])[0, 0], np.full((3, 4), 2.0, np.float32))
+
+
 def test_the_package_docstring_example_computes_when_allocated_as_the_hint_says():
     ctx = lg.Context(no_alloc=False)
     a = ctx.new_tensor_2d(F32, 4, 3)

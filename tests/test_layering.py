@@ -18,7 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "lazyggml"
 # From the bottom up. A module may import modules of its own layer or of any layer below it. A name
 # ending in ".*" is a package with everything in it.
 LAYERS = [
-    ["lazyggml.cache", "lazyggml.debug", "lazyggml.errors", "lazyggml.types"],   # leaves
+    ["lazyggml.cache", "lazyggml.compiling", "lazyggml.debug", "lazyggml.errors", "lazyggml.types"],   # leaves
     ["lazyggml.buffer"],          # memory: buffer types, buffers (backend interface levels 1-2)
     ["lazyggml.tensor"],
     ["lazyggml.ops"],
