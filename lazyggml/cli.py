@@ -264,7 +264,10 @@ def _info(args):
         d = lg.dev_get(i)
         free, total = d.memory()
         buft = d.get_buffer_type()
-        print(f"{d.name}: {d.description} ({d.type.name})")
+        # what the device is, when the scheduler treats it as another kind (PoCL's CPU device, a "GPU")
+        hardware = getattr(d, "hardware_type", d.type)
+        kind = d.type.name if hardware == d.type else f"{hardware.name} device; scheduled as a {d.type.name}"
+        print(f"{d.name}: {d.description} ({kind})")
         print(f"  buffer type {buft.name}: alignment {buft.get_alignment()}, host={buft.is_host()}; "
               f"memory {free >> 20}/{total >> 20} MiB free")
         print(f"  supports: {', '.join(k for k, t in probes.items() if d.supports_op(t))}")

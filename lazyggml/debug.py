@@ -1,6 +1,7 @@
 """Debug switches read from the environment (tinygrad-style levels).
 
-``LAZYGGML_DEBUG=1`` logs the allocator's memory report; ``LAZYGGML_SCHED_DEBUG=1|2`` logs the
+``LAZYGGML_DEBUG=1`` logs the allocator's memory report and the OpenCL compiler's build log and
+warnings (hidden otherwise); ``LAZYGGML_SCHED_DEBUG=1|2`` logs the
 scheduler's splits (and every node at 2). Both go through the ``logging`` logger ``"lazyggml"``.
 """
 import logging

@@ -36,27 +36,33 @@ time spent in it, minus the time of kernels compiled inside it (a kernel that ca
 compiles the callee first). A second warm-up finds every entry point in the cache, so it reports
 only hits; callees are inside their callers' machine code and are not loaded at all.
 
-OpenCL kernels are compiled by the driver: once per program (``clBuildProgram``) and, with PoCL,
-again per kernel and work-group size at the first launch. The program build and each kernel's
-first launch are timed, and counted as a miss when the driver's cache (``POCL_CACHE_DIR``) gained a
-file, or, for other drivers, when they took longer than ``OPENCL_MISS_S``.
+OpenCL kernels are compiled by the driver: once per program and, with PoCL, again per kernel and
+work-group size at the first launch. The program counts a hit when its binary was in lazyggml's
+cache (``backends/opencl/backend.py``), a miss when it was built from source. Each kernel's first
+launch is timed, and counted as a miss when the driver's cache (``POCL_CACHE_DIR``) gained a file,
+or, for other drivers, when it took longer than ``OPENCL_MISS_S``.
 
 ``--check``
 -----------
-Runs the same cases without compiling: Numba's compiler is swapped for a function that raises, so
-a signature missing from the cache counts as a miss and stops its case there (signatures found in
-the cache are loaded and run, as in a real run). The exit status is 1 when anything would have
-compiled. Every miss reported is real, but a case stopped early may hide more. An OpenCL driver
-compiles inside the driver and cannot be stopped: ``--check`` runs the OpenCL cases and reports a
-miss wherever the driver's cache grew.
+Compiles nothing and writes nothing: it reports what a warm-up would compile. Numba's compiler is
+swapped for a function that raises, so a signature missing from the cache counts as a miss and
+stops its case there (signatures found in the cache are loaded and run, as in a real run). Every
+miss reported is real, but a case stopped early may hide more.
+
+An OpenCL driver cannot be stopped from compiling once asked to build or launch, so ``--check``
+runs no OpenCL case: for each OpenCL device it reports the program alone, a hit when its binary is
+in the cache and intact, a miss when it is not. The kernels' first launches are not checked (PoCL
+compiles each per work-group size then, into a cache whose names only PoCL can compute), so an
+OpenCL hit means "no program build", not "no driver compile at all". PoCL writes a file into its
+cache folder when it starts, even to list devices; ``--check`` gives it a temporary folder.
+
+The exit status is 1 when anything would have compiled.
 
 ``--jobs N``
 ------------
 N worker processes take the case families (all cases sharing kernels, e.g. every ``mul_mat``
-case) one at a time and warm them into the shared cache. Numba writes an index entry by reading
-the index, adding the entry and writing it back, which loses entries (or pairs a key with another
-signature's code) when two processes save signatures of one kernel at once; workers therefore save
-under a file lock, writing the code before the index entry that names it.
+case) one at a time and warm them into the shared cache. Their saves are safe between processes,
+as every lazyggml process's are (``cache.py``), so two warm-ups may also run at once.
 """
 from __future__ import annotations
 
@@ -220,21 +226,14 @@ class Recorder:
         rec, seen = self, _OPENCL_LAUNCHED
         orig_kernels, orig_launch = OpenCLDevice.kernels, OpenCLBackend.launch
 
-        def timed(device, what, detail, run, queue=None):
-            pocl = device.cl_device.platform.name == "Portable Computing Language"
-            n0, t0 = _pocl_files() if pocl else 0, time.perf_counter()
-            result = run()
-            if queue is not None:
-                queue.finish()
-            dt = time.perf_counter() - t0
-            miss = _pocl_files() > n0 if pocl else dt > OPENCL_MISS_S
-            rec.kernels.append(Kernel(device.name, what, detail, "miss" if miss else "hit", dt))
-            return result
-
         def kernels(device):
             if device._kernels is not None:
                 return orig_kernels(device)
-            return timed(device, "program", "", lambda: orig_kernels(device))
+            cached, t0 = device.program_cached(), time.perf_counter()
+            result = orig_kernels(device)
+            rec.kernels.append(Kernel(device.name, "program", "", "hit" if cached else "miss",
+                                      time.perf_counter() - t0))
+            return result
 
         def launch(backend, name, gsize, lsize, *args):
             key = (backend.device.name, name, tuple(lsize))
@@ -242,8 +241,14 @@ class Recorder:
                 return orig_launch(backend, name, gsize, lsize, *args)
             seen.add(key)
             backend.queue.finish()
-            return timed(backend.device, name, f"(local size {tuple(lsize)})",
-                         lambda: orig_launch(backend, name, gsize, lsize, *args), backend.queue)
+            n0, t0 = _pocl_files() if backend.device.pocl else 0, time.perf_counter()
+            result = orig_launch(backend, name, gsize, lsize, *args)
+            backend.queue.finish()
+            dt = time.perf_counter() - t0
+            miss = _pocl_files() > n0 if backend.device.pocl else dt > OPENCL_MISS_S
+            rec.kernels.append(Kernel(backend.device.name, name, f"(local size {tuple(lsize)})",
+                                      "miss" if miss else "hit", dt))
+            return result
         return [(OpenCLDevice, "kernels", orig_kernels, kernels), (OpenCLBackend, "launch", orig_launch, launch)]
 
     @contextlib.contextmanager
@@ -296,31 +301,19 @@ def _pocl_files():
 
 
 @contextlib.contextmanager
-def _locked_cache_saves():
-    """Make Numba's cache saves safe between processes (see the module docstring)."""
-    import fcntl
-
-    from numba.core.caching import IndexDataCacheFile
-    orig = IndexDataCacheFile.save
-    lock_path = os.path.join(cache.CACHE_DIR, ".warmup.lock")
-    os.makedirs(cache.CACHE_DIR, exist_ok=True)
-
-    def save(self, key, data):
-        with open(lock_path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            overloads = self._load_index()
-            name = overloads.get(key)
-            if name is None:
-                used = set(overloads.values())
-                name = next(n for n in map(self._data_name, range(1, len(used) + 2)) if n not in used)
-            self._save_data(name, data)
-            overloads[key] = name
-            self._save_index(overloads)
-    IndexDataCacheFile.save = save
-    try:
-        yield
-    finally:
-        IndexDataCacheFile.save = orig
+def _throwaway_pocl_cache():
+    """PoCL's cache in a temporary folder while the block runs: for ``--check``, which builds
+    nothing, as PoCL writes into its cache folder when it starts."""
+    old = os.environ.get("POCL_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="lazyggml-check-") as tmp:
+        os.environ["POCL_CACHE_DIR"] = tmp
+        try:
+            yield
+        finally:
+            if old is None:
+                del os.environ["POCL_CACHE_DIR"]
+            else:
+                os.environ["POCL_CACHE_DIR"] = old
 
 
 # =================================================================================================
@@ -362,7 +355,7 @@ class Outcome:
     error: str = ""
 
 
-def run_cases(device_names, case_names, check=False, locked=False):
+def run_cases(device_names, case_names, check=False):
     """Run the named cases on the named devices in this process; a list of ``Outcome``."""
     devices = [d for d in select_devices() if d.name in device_names]
     kinds = {_kind(d.name) for d in devices}
@@ -373,8 +366,6 @@ def run_cases(device_names, case_names, check=False, locked=False):
         stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore", NumbaPerformanceWarning)   # tiny grids, strided views: on purpose
         stack.enter_context(recorder.active(cuda="cuda" in kinds, opencl="opencl" in kinds))
-        if locked:
-            stack.enter_context(_locked_cache_saves())
         backends = [d.init_backend() for d in devices]
         setup = {}                          # what compiled while the backends started (OpenCL programs)
         for k in recorder.kernels:
@@ -395,11 +386,6 @@ def run_cases(device_names, case_names, check=False, locked=False):
     return outcomes
 
 
-def _run_family(device_names, case_names, check):
-    """A ``--jobs`` worker's task: one family of cases, cache saves under the lock."""
-    return run_cases(device_names, case_names, check, locked=True)
-
-
 def _families(cases):
     fam = {}
     for c in cases:
@@ -412,6 +398,11 @@ def warmup(kinds=None, types=None, patterns=None, jobs=1, check=False, out=sys.s
 
     ``kinds``: backend kinds (``"cpu"``, ``"opencl"``, ``"cuda"``), ``types``: tensor types or their
     names, ``patterns``: ``fnmatch`` patterns of case names; None selects everything."""
+    with _throwaway_pocl_cache() if check else contextlib.nullcontext():
+        return _warmup(kinds, types, patterns, jobs, check, out)
+
+
+def _warmup(kinds, types, patterns, jobs, check, out):
     from tqdm import tqdm
 
     try:
@@ -426,36 +417,48 @@ def warmup(kinds=None, types=None, patterns=None, jobs=1, check=False, out=sys.s
         print(f"lazyggml warmup: {e}", file=sys.stderr)
         return 2
     cases = select_cases(types, patterns)
-    names = [d.name for d in devices]
     print(f"kernel cache: {cache.CACHE_DIR}", file=out)
-    if any(_kind(n) == "opencl" for n in names):
+    if any(_kind(d.name) == "opencl" for d in devices):
         from .backends.opencl import cache_dir
         driver_cache = os.environ.get("POCL_CACHE_DIR", "the driver's own")
-        print(f"OpenCL program cache: {cache_dir('opencl')}; driver cache: {driver_cache}", file=out)
-    print(f"{'checking' if check else 'warming'} {len(cases)} cases on {', '.join(names)}"
-          + (f" in {jobs} processes" if jobs > 1 else ""), file=out)
+        print(f"OpenCL program cache: {cache_dir('opencl')}" + ("" if check else f"; driver cache: {driver_cache}"),
+              file=out)
+    programs = []   # --check: each OpenCL device's program, looked up in the cache; no OpenCL case runs
+    if check:
+        programs = [Kernel(d.name, "program", "", "hit" if d.program_cached() else "miss", 0.0)
+                    for d in devices if _kind(d.name) == "opencl"]
+        devices = [d for d in devices if _kind(d.name) != "opencl"]
+    names = [d.name for d in devices]
+    print(f"{'checking' if check else 'warming'} {len(cases)} cases on {', '.join(names) or 'no device'}"
+          + (f" in {jobs} processes" if jobs > 1 else "")
+          + "".join(f"; {k.backend}: its program only" for k in programs), file=out)
     t0 = time.perf_counter()
     bar = tqdm(total=len(cases) * len(devices), unit="case", file=sys.stderr, disable=None)
     outcomes = []
 
+    def write(k):
+        verb = {"hit": "hit ", "miss": "would compile" if check else "miss"}[k.status]
+        bar.write(f"  {verb}  {k.seconds:7.3f} s  {k.backend:8s} {k.name}{k.signature}", file=out)
+
     def report(batch):
         for o in batch:
             for k in o.kernels:
-                verb = {"hit": "hit ", "miss": "would compile" if check else "miss"}[k.status]
-                bar.write(f"  {verb}  {k.seconds:7.3f} s  {k.backend:8s} {k.name}{k.signature}", file=out)
+                write(k)
             if o.error:
                 bar.write(f"  FAILED  {o.case} on {o.backend}: {o.error}", file=out)
         outcomes.extend(batch)
         bar.update(len(batch))
 
-    if jobs > 1:
+    for k in programs:
+        write(k)
+    if names and jobs > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_run_family, names, fam, check) for fam in _families(cases)]
+            futures = [pool.submit(run_cases, names, fam, check) for fam in _families(cases)]
             for f in as_completed(futures):
                 report(f.result())
-    else:
+    elif names:
         for c in cases:
             report(run_cases(names, [c.name], check))
     bar.close()
@@ -468,7 +471,7 @@ def warmup(kinds=None, types=None, patterns=None, jobs=1, check=False, out=sys.s
     for backend, counts in not_run.items():
         print(f"not run on {backend}{' (unsupported, or stopped by --check)' if check else ' (unsupported)'}: "
               + ", ".join(f"{f} x{n}" for f, n in counts.items()), file=out)
-    kernels = [k for o in outcomes for k in o.kernels]
+    kernels = programs + [k for o in outcomes for k in o.kernels]
     hits = sum(k.status == "hit" for k in kernels)
     misses = len(kernels) - hits
     failed = [o for o in outcomes if o.error]

@@ -8,8 +8,11 @@ device in CI (the test extra installs ``pyopencl[pocl]``). Skipped only when the
   dequantized weights and, where the CPU backend supports the case, against it (GGML's rule:
   NMSE <= 5e-4; the CPU quantizes the activations);
 * buffers (odd offsets, memset, clear, device-to-device copies), async copies and events;
-* that supports_op refuses what is not implemented, and the registry's names and errors.
+* that supports_op refuses what is not implemented, and the registry's names and errors;
+* the program's cache (kept, a damaged file rebuilt, a read-only cache survived), compiler
+  warnings only with LAZYGGML_DEBUG=1, and what ``lazyggml info`` says the device is.
 """
+import hashlib
 import os
 import subprocess
 import sys
@@ -302,7 +305,7 @@ def test_supports_op_refuses_what_is_not_implemented(ocl):
         assert not ocl.supports_op(t), lg.op_desc(t)
     g = lg.Graph()
     lg.build_forward_expand(g, refused[0])
-    with pytest.raises(ValueError, match="not supported"):
+    with pytest.raises(lg.UnsupportedOpError, match="OpenCL backend cannot run ADD"):
         ocl.graph_compute(g)
     for t in (lg.add(f32, f32), lg.mul_mat(ctx.new_tensor_2d(Q4_K, 256, 4), ctx.new_tensor_2d(F32, 256, 3)),
               lg.cpy(f32, ctx.new_tensor_2d(F16, 32, 4)), lg.reshape_1d(f32, 128)):
@@ -351,27 +354,91 @@ def test_disable_env():
     assert "OpenCL" not in r.stdout and "CPU" in r.stdout
 
 
+# a small computation on OpenCL0, in a fresh process
+RELU = ("import numpy as np, lazyggml as lg; from lazyggml.alloc import alloc_ctx_tensors\n"
+        "be = lg.backend_init_by_name('OpenCL0')\n"
+        "ctx = lg.Context(); a = ctx.new_tensor_1d(lg.F32, 64); out = lg.relu(a)\n"
+        "g = lg.Graph(); lg.build_forward_expand(g, out); alloc_ctx_tensors(ctx, be)\n"
+        "lg.tensor_set(a, np.ones(64, np.float32)); lg.backend_graph_compute(be, g)\n"
+        "print(float(lg.tensor_get(out).sum()))")
+
+
+def _cache_env(cache, **extra):
+    """The environment with ``cache`` as lazyggml's cache, PoCL's inside it (lazyggml's default)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("POCL_CACHE_DIR", "LAZYGGML_DEBUG")}
+    return {**env, "LAZYGGML_CACHE_DIR": str(cache), **extra}
+
+
 def test_kernel_cache_is_under_lazyggml_cache_dir(tmp_path):
     """A fresh process builds the program and, on PoCL, leaves the compiled kernels in
     <LAZYGGML_CACHE_DIR>/pocl; a second process finds them there and compiles nothing new."""
-    code = ("import numpy as np, lazyggml as lg; from lazyggml.alloc import alloc_ctx_tensors\n"
-            "be = lg.backend_init_by_name('OpenCL0')\n"
-            "ctx = lg.Context(); a = ctx.new_tensor_1d(lg.F32, 64); out = lg.relu(a)\n"
-            "g = lg.Graph(); lg.build_forward_expand(g, out); alloc_ctx_tensors(ctx, be)\n"
-            "lg.tensor_set(a, np.ones(64, np.float32)); lg.backend_graph_compute(be, g)\n"
-            "print(float(lg.tensor_get(out).sum()))")
-    env = {k: v for k, v in os.environ.items() if k != "POCL_CACHE_DIR"}
-    env["LAZYGGML_CACHE_DIR"] = str(tmp_path)
-    first = _python(code, env)
+    env = _cache_env(tmp_path)
+    first = _python(RELU, env)
     assert first.returncode == 0, first.stderr
     assert float(first.stdout) == 64.0
-    if not opencl.discover()[0].platform.name.startswith("Portable Computing Language"):
-        return  # other drivers: pyopencl's binary cache, in <LAZYGGML_CACHE_DIR>/opencl
+    if not lg.dev_by_name("OpenCL0").pocl:
+        return  # other drivers keep their per-launch compiles, if any, in caches of their own
     def cache():  # PoCL's own temporary files aside
         return sorted(p for p in (tmp_path / "pocl").rglob("*") if not p.name.startswith("tempfile"))
 
     cached = cache()
     assert cached, "PoCL wrote no kernel cache under LAZYGGML_CACHE_DIR"
-    second = _python(code, env)
+    second = _python(RELU, env)
     assert second.returncode == 0, second.stderr
     assert cache() == cached
+
+
+def test_program_binary_is_kept_and_a_corrupt_one_rebuilt(tmp_path):
+    """The first process saves the program's binary in <cache>/opencl, a second loads it (no build
+    from source); a truncated or garbled file, or one the driver refuses, is rebuilt, not a crash."""
+    env = _cache_env(tmp_path)
+    assert _python(RELU, env).returncode == 0
+    [binary] = (tmp_path / "opencl").glob("*.bin")
+    saved = binary.read_bytes()
+    # the source is read once to name the binary's file, and once more by a build from source
+    count_reads = ("import lazyggml.backends.opencl.backend as b; reads = []; source = b.program_source\n"
+                   "b.program_source = lambda: reads.append(1) or source()\n"
+                   "import atexit; atexit.register(lambda: print('source read', len(reads)))\n")
+    r = _python(count_reads + RELU, env)
+    assert r.returncode == 0 and r.stdout.split("\n")[:2] == ["64.0", "source read 1"], r.stdout + r.stderr
+    refused = hashlib.sha256(b"no program").digest() + b"no program"   # intact, but the driver says no
+    for damaged in (saved[:len(saved) // 2], b"garbage", refused):
+        binary.write_bytes(damaged)
+        r = _python(count_reads + RELU, env)
+        assert r.returncode == 0 and r.stdout.split("\n")[:2] == ["64.0", "source read 2"], r.stdout + r.stderr
+        assert binary.read_bytes() != damaged and lg.cache.read_entry(str(binary)), "the damaged binary was kept"
+
+
+def test_compiler_warnings_only_with_debug(tmp_path):
+    """A program whose source draws a compiler warning: built quietly, and with LAZYGGML_DEBUG=1
+    the compiler's output is shown."""
+    warn = ("import lazyggml.backends.opencl.backend as b; source = b.program_source\n"
+            "b.program_source = lambda: source() + '__kernel void k_warn(__global float *x) { x[0] == 1.0f; }'\n")
+    quiet = _python(warn + RELU, _cache_env(tmp_path / "quiet"))
+    assert quiet.returncode == 0 and quiet.stdout.strip() == "64.0", quiet.stderr
+    assert quiet.stderr == ""
+    loud = _python(warn + RELU, _cache_env(tmp_path / "loud", LAZYGGML_DEBUG="1"))
+    assert loud.returncode == 0, loud.stderr
+    assert "OpenCL build log" in loud.stderr and "result unused" in loud.stderr
+
+
+def test_read_only_cache_runs(tmp_path):
+    """A cache folder that cannot be written (here: below a file): OpenCL runs all the same, with
+    one line saying so; PoCL, which needs a cache folder it can write, gets a temporary one."""
+    (tmp_path / "file").write_text("")
+    r = _python(RELU, _cache_env(tmp_path / "file" / "cache"))
+    assert r.returncode == 0 and r.stdout.strip() == "64.0", r.stderr
+    assert r.stderr.count("not writable") == 1 and str(tmp_path / "file" / "cache") in r.stderr, r.stderr
+
+
+def test_info_says_what_the_device_is(ocl, capsys):
+    """OpenCL devices are scheduled as GPUs (see backend.py's docstring); `lazyggml info` says what
+    they are, e.g. PoCL's "CPU device; scheduled as a GPU"."""
+    from lazyggml.cli import main
+    dev = lg.dev_by_name("OpenCL0")
+    assert dev.get_type() == lg.DeviceType.GPU
+    assert (dev.hardware_type == lg.DeviceType.CPU) == bool(dev.cl_device.type & opencl.cl.device_type.CPU)
+    assert main(["info"]) == 0
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("OpenCL0: "))
+    kind = "GPU" if dev.hardware_type == lg.DeviceType.GPU else f"{dev.hardware_type.name} device; scheduled as a GPU"
+    assert line.endswith(f"({kind})"), line

@@ -7,6 +7,7 @@ so they compile cold whatever the state of the repository's own cache.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -152,3 +153,107 @@ def test_warmup_in_parallel_processes(readonly_package, tmp_path):
     assert _counts(r)[1] >= 3
     r = _warmup("--backend", "cpu", "--cases", CASES + ",rms_norm", "--check", **run)
     assert r.returncode == 0, r.stdout
+
+
+def test_check_writes_nothing(tmp_path):
+    """--check on an empty cache, every backend there is (PoCL's cache left to lazyggml's default,
+    inside the cache): misses reported, exit 1, and not a file or folder made."""
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in _env(LAZYGGML_CACHE_DIR=cache, LAZYGGML_DISABLE_OPENCL=0).items() if k != "POCL_CACHE_DIR"}
+    r = subprocess.run([sys.executable, "-m", "lazyggml.cli", "warmup", "--cases", CASES, "--check"], env=env,
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    hits, misses = _counts(r)
+    assert hits == 0 and misses > 0
+    if "OpenCL0" in r.stdout:
+        assert re.search(r"^  would compile +0\.000 s +OpenCL0 +program$", r.stdout, re.M), r.stdout
+    assert not cache.exists(), sorted(cache.rglob("*"))
+
+
+# -- a damaged, read-only or shared cache --------------------------------------------------------------
+def test_corrupt_cache_entries_are_recompiled(tmp_path):
+    run = dict(cwd=tmp_path, LAZYGGML_CACHE_DIR=tmp_path / "cache")
+    assert _warmup("--backend", "cpu", "--cases", "add", **run).returncode == 0
+    for files, damage in (("*.nbi", lambda b: b[:len(b) // 2]), ("*.nbc", lambda b: b"garbage")):
+        for p in (tmp_path / "cache").rglob(files):
+            p.write_bytes(damage(p.read_bytes()))
+        r = _warmup("--backend", "cpu", "--cases", "add", **run)
+        assert r.returncode == 0 and _counts(r)[1] >= 2, r.stdout + r.stderr
+        r = _warmup("--backend", "cpu", "--cases", "add", **run)
+        assert r.returncode == 0 and _counts(r)[1] == 0, r.stdout + r.stderr
+
+
+@contextlib.contextmanager
+def _read_only(folder):
+    """``folder`` and all in it read-only, for root too (which ignores permissions): immutable."""
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "-R", "+i", str(folder)], capture_output=True).returncode:
+            pytest.skip("cannot make a folder immutable here (chattr)")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-R", "-i", str(folder)], check=True)
+    else:
+        paths = [folder, *folder.rglob("*")]
+        for p in paths:
+            p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+        try:
+            yield
+        finally:
+            for p in paths:
+                p.chmod(p.stat().st_mode | stat.S_IWUSR)
+
+
+def test_read_only_cache_is_read_and_compiles_in_memory(readonly_package, tmp_path):
+    """A warm cache made read-only still serves its kernels; what is missing compiles in memory, said
+    once on stderr; nothing is written, there or next to the package (Numba's fallback)."""
+    cache = tmp_path / "cache"
+    run = dict(cwd=tmp_path, pythonpath=readonly_package, LAZYGGML_CACHE_DIR=cache)
+    assert _warmup("--backend", "cpu", "--cases", "add", **run).returncode == 0
+    before = sorted(cache.rglob("*"))
+    with _read_only(cache):
+        r = _warmup("--backend", "cpu", "--cases", CASES, **run)
+    assert r.returncode == 0, r.stdout + r.stderr
+    hits, misses = _counts(r)
+    assert hits >= 2 and misses >= 1, r.stdout
+    warnings = [line for line in r.stderr.splitlines() if "not writable" in line]
+    assert len(warnings) == 1 and str(cache) in warnings[0], r.stderr
+    assert sorted(cache.rglob("*")) == before
+    assert not _cached_files(readonly_package)
+
+
+RACE = """
+import os, sys, time
+import lazyggml
+from numba.core import caching
+barrier, save_index = sys.argv[1], caching.IndexDataCacheFile._save_index
+
+def meet_then_save_index(self, overloads):
+    # both processes compiled the kernel binary's serial twin (each a signature of its own): they
+    # meet here, each before writing its index, for up to 5 s
+    if "binary.serial" in self._index_name:
+        open(os.path.join(barrier, str(os.getpid())), "w").close()
+        t0 = time.time()
+        while len(os.listdir(barrier)) < 2 and time.time() - t0 < 5:
+            time.sleep(0.05)
+    save_index(self, overloads)
+
+caching.IndexDataCacheFile._save_index = meet_then_save_index
+from lazyggml.cli import main
+sys.exit(main(["warmup", "--backend", "cpu", "--cases", sys.argv[2]]))
+"""
+
+
+def test_two_warmups_at_once_leave_a_valid_cache(tmp_path):
+    """Two processes save signatures of one kernel at the same moment (Numba's unlocked save loses
+    one of them there): both succeed, and a third run finds everything."""
+    (tmp_path / "barrier").mkdir()
+    env = _env(LAZYGGML_CACHE_DIR=tmp_path / "cache")
+    cases = ("add", "add(permuted a, transposed b)")
+    procs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path / "barrier"), c], env=env, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in cases]
+    for p in procs:
+        out = p.communicate(timeout=300)[0]
+        assert p.returncode == 0, out
+    r = _warmup("--backend", "cpu", "--cases", ",".join(cases), cwd=tmp_path, LAZYGGML_CACHE_DIR=tmp_path / "cache")
+    assert r.returncode == 0 and _counts(r)[1] == 0, r.stdout + r.stderr

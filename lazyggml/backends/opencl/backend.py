@@ -23,21 +23,37 @@ copies wait for their command (GGML's blocking ``set_tensor``/``get_tensor``); t
 enqueues a marker, ``event_wait`` a barrier on it, ``synchronize`` is ``queue.finish()``.
 
 Kernels. The ``.h`` and ``.cl`` files of this package are joined into one program
-(``program.py``), built once per device. PoCL caches what it compiles (``POCL_CACHE_DIR``, set here to ``<cache>/pocl`` unless
-already set, before PoCL loads); other drivers use pyopencl's binary cache in ``<cache>/opencl``;
-``<cache>`` is lazyggml's kernel cache directory (``lazyggml/cache.py``). ``supports_op`` claims exactly
-the (op, types, layout) combinations of the glue in ``ops.py``; the scheduler sends the rest to the CPU.
+(``program.py``), built once per device. Its binary is kept in ``<cache>/opencl`` (``<cache>`` is
+lazyggml's kernel cache directory, ``lazyggml/cache.py``), in a file named by a hash of the source,
+the build options and the device and driver: a process finds it there, or builds from source and
+saves it, so ``lazyggml warmup --check`` can tell whether a build is needed without building. On
+PoCL the file holds the *compiled* program, which each process links (half a second): PoCL's binary
+of a linked program holds every kernel compiled for a generic work-group size, which takes it half
+a minute to make. Elsewhere it holds the linked program, which loads ready to run. A file that is
+corrupt, or that the driver refuses, is rebuilt. PoCL also compiles each kernel per work-group
+size at its first launch, into its own cache (``POCL_CACHE_DIR``, set here to ``<cache>/pocl``
+unless already set, before PoCL loads; PoCL cannot build at all without a folder it can write,
+so a read-only ``<cache>`` gives it a temporary one). The compiler's warnings are shown only with
+``LAZYGGML_DEBUG=1``. ``supports_op`` claims exactly the (op, types, layout) combinations of the
+glue in ``ops.py``; the scheduler sends the rest to the CPU.
 """
 from __future__ import annotations
 
+import atexit
+import hashlib
 import importlib.util
 import os
+import shutil
+import tempfile
+import warnings
 
 import numpy as np
 
-from ... import cache
+from ... import cache, debug
 from ...backend import Backend, Device, DeviceType, Registry
 from ...buffer import Buffer, BufferType, Status
+from ...compiling import compiling
+from ...errors import OutOfMemoryError
 from ...ops import EMPTY_OPS
 from .program import TENSOR_T, build_options, lanes_for, program_source
 from .table import FORWARD
@@ -46,10 +62,8 @@ cl = None  # pyopencl, imported by registry(): the package is optional
 
 
 def cache_dir(kind):
-    """``<lazyggml's kernel cache>/<kind>`` (``lazyggml.cache``: versioned), created."""
-    path = os.path.join(cache.cache_dir(), kind)
-    os.makedirs(path, exist_ok=True)
-    return path
+    """``<lazyggml's kernel cache>/<kind>`` (``lazyggml.cache``: versioned); made by the first save."""
+    return os.path.join(cache.CACHE_DIR, kind)
 
 
 # -- level 1 and 2: buffer type and buffer -----------------------------------------------------------
@@ -72,7 +86,7 @@ class OpenCLBuffer(Buffer):
         try:
             self.cl_buf = cl.Buffer(buft.device.context, cl.mem_flags.READ_WRITE, max(self.size, 1))
         except cl.Error as e:
-            raise RuntimeError(f"{buft.name}: cannot allocate {self.size} bytes: {e}") from None
+            raise OutOfMemoryError(f"{buft.name}: cannot allocate {self.size} bytes: {e}") from None
 
     def set_tensor(self, t, data, offset, size):
         cl.enqueue_copy(self.queue, self.cl_buf, np.ascontiguousarray(data[:size]), dst_offset=t.offset + offset)
@@ -123,7 +137,11 @@ class OpenCLDevice(Device):
         desc = f"{cl_device.name.strip()} ({cl_device.platform.name.strip()}, {cl_device.version.strip()})"
         super().__init__(f"OpenCL{index}", desc, DeviceType.GPU)
         self.cl_device = cl_device
-        self.is_cpu = bool(cl_device.type & cl.device_type.CPU)
+        # what the device is, whereas `type` is how the scheduler treats it (see "Devices" above)
+        self.hardware_type = (DeviceType.CPU if cl_device.type & cl.device_type.CPU else
+                              DeviceType.ACCEL if cl_device.type & cl.device_type.ACCELERATOR else DeviceType.GPU)
+        self.is_cpu = self.hardware_type == DeviceType.CPU
+        self.pocl = cl_device.platform.name == "Portable Computing Language"
         self._buft = OpenCLBufferType(self)
         self._context = self._queue = self._kernels = None
 
@@ -143,10 +161,47 @@ class OpenCLDevice(Device):
     def kernels(self):
         """Every kernel of the program, by name; built once per device (and cached on disk)."""
         if self._kernels is None:
-            prg = cl.Program(self.context, program_source()).build(options=build_options(),
-                                                                   cache_dir=cache_dir("opencl"))
-            self._kernels = {k.function_name: k for k in prg.all_kernels()}
+            self._kernels = {k.function_name: k for k in self._program().all_kernels()}
         return self._kernels
+
+    def program_path(self):
+        """The file of this device's program binary in lazyggml's cache (see "Kernels" above)."""
+        d = self.cl_device
+        h = hashlib.sha256()
+        for part in (program_source(), *build_options(), d.name, d.vendor, d.version, d.driver_version,
+                     d.platform.name, d.platform.version):
+            h.update(part.encode() + b"\0")
+        return os.path.join(cache_dir("opencl"), f"{h.hexdigest()[:32]}.bin")
+
+    def program_cached(self):
+        """Whether the program's binary is in the cache, intact; asks the driver nothing."""
+        return cache.read_entry(self.program_path()) is not None
+
+    def _program(self):
+        """The program, linked: from its cached binary, or else built from source and its binary saved."""
+        path = self.program_path()
+        binary = cache.read_entry(path)
+        if binary is not None:
+            try:
+                prg = cl.Program(self.context, [self.cl_device], [binary])
+                return cl.link_program(self.context, [prg]) if self.pocl else prg.build()
+            except cl.Error:    # refused by this driver after all: build from source, below
+                pass
+        prg = cl.Program(self.context, program_source())
+        # -w: no warnings (left out of the file's name: it changes no code)
+        options = build_options() + ([] if debug.level("LAZYGGML_DEBUG") else ["-w"])
+        with compiling(f"{self.name} program"), warnings.catch_warnings():
+            # pyopencl's: "see the build log" (shown below with LAZYGGML_DEBUG=1), and, for compile(),
+            # that its binary cache is bypassed (as meant: lazyggml's is used)
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            warnings.filterwarnings("ignore", "Pre-build attribute access")
+            prg = prg.compile(options) if self.pocl else prg.build(options, cache_dir=False)
+        build_log = prg.get_build_info(self.cl_device, cl.program_build_info.LOG).strip()
+        if build_log and debug.level("LAZYGGML_DEBUG"):
+            debug.enable_log()
+            debug.log.info(f"{self.name}: OpenCL build log:\n{build_log}")
+        cache.write_entry(path, prg.binaries[0])
+        return cl.link_program(self.context, [prg]) if self.pocl else prg
 
     def memory(self):
         total = self.cl_device.global_mem_size
@@ -254,7 +309,13 @@ def _import_pyopencl():
     if cl is None:
         if importlib.util.find_spec("pyopencl") is None:
             return None
-        os.environ.setdefault("POCL_CACHE_DIR", cache_dir("pocl"))
+        if "POCL_CACHE_DIR" not in os.environ:
+            pocl = cache_dir("pocl")
+            if not cache.writable(pocl):    # PoCL finds no device without a cache folder it can write
+                cache.warn_not_writable(pocl)
+                pocl = tempfile.mkdtemp(prefix="lazyggml-pocl-")
+                atexit.register(shutil.rmtree, pocl, True)
+            os.environ["POCL_CACHE_DIR"] = pocl
         import pyopencl
         cl = pyopencl
     return cl
