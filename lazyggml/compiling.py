@@ -3,8 +3,9 @@
 A first run compiles every kernel it needs (``cache.py``: a minute or so on two cores); later runs
 load them from the cache in milliseconds. A user should hear about the first, and timings should
 not blame the model for it. Numba fires a ``numba:compile`` event around each real compilation (a
-cache hit loads without one), nested when a kernel compiles its callees first; the OpenCL backend
-wraps its program builds in ``compiling(name)``. While a ``CompileWatch`` is active it counts the
+cache hit loads without one), nested when a kernel compiles its callees first; the CUDA backend
+times numba-cuda's compiles itself and reports them with ``record``; the OpenCL backend wraps its
+program builds in ``compiling(name)``. While a ``CompileWatch`` is active it counts the
 outermost of these and adds up their seconds, and calls ``on_start`` / ``on_end`` around each.
 """
 from __future__ import annotations
@@ -17,7 +18,6 @@ __all__ = ["CompileWatch", "compiling"]
 _watches = []          # active CompileWatch objects, innermost last
 _depth = 0             # nesting of the compilation under way (callees compile inside callers)
 _t0 = 0.0
-_listener = None
 
 
 def _start(name):
@@ -50,8 +50,24 @@ def compiling(name):
         _end(name)
 
 
+def record(name, seconds):
+    """Count a compilation its caller timed itself, after the fact (numba-cuda's CUDA kernels: their
+    dispatcher announces none, and only knows afterwards whether it compiled or loaded)."""
+    if _depth:          # inside a compilation already counted
+        return
+    for w in _watches:
+        w.on_start(name)
+        w.count += 1
+        w.seconds += seconds
+        w.on_end(name)
+
+
+_listener = None
+
+
 def _listen_to_numba():
-    """Register, once, a listener for Numba's compile events (numba is imported only now)."""
+    """Register, once, a listener for Numba's compile events (numba is imported only now, after
+    ``cache.py`` has configured it)."""
     global _listener
     if _listener is not None:
         return

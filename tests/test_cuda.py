@@ -285,6 +285,25 @@ for k in kernels:
         assert nmse(out["CUDA0,CUDA1"], out["CUDA0"]) <= 1e-6
 
     @gpu
+    def test_gpu_compiles_are_counted_for_the_first_run_notice(cuda_backend):
+        """numba-cuda fires its compile events through its own event module; the CUDA backend hooks
+        it, so a first run's CUDA compiles are announced and left out of the speeds as the CPU's."""
+        from numba import cuda
+        from lazyggml.compiling import CompileWatch
+
+        @cuda.jit
+        def add_one(x):
+            i = cuda.grid(1)
+            if i < x.size:
+                x[i] += 1
+
+        x = cuda.to_device(np.arange(8, dtype=np.float32))
+        with CompileWatch() as watch:
+            add_one[1, 32](x)
+        assert watch.count == 1 and watch.seconds > 0
+        assert x.copy_to_host().tolist() == list(range(1, 9))
+
+    @gpu
     def test_gpu_graph_capture_replays_fresh_inputs(cuda_backend):
         """Eager run, capture, replays: each run reads the inputs' current values."""
         import lazyggml as lg
