@@ -212,9 +212,8 @@ def tensor_set(t, data, offset=0, size=None):
     ``uint16`` bit patterns, I32: ``int32``, ...) or raw ``uint8`` bytes (quantized tensors take only
     these). It must
     fill ``size`` bytes, by default all of the tensor from ``offset``; pass ``size`` to write a part."""
-    buf = _check_range("tensor_set", t, offset, 0)
+    buf = _check_range("tensor_set", t, offset, size or 0)   # size None: _as_bytes makes the rest fit
     raw = _as_bytes("tensor_set", t, data, offset, size)
-    _check_range("tensor_set", t, offset, raw.size)
     if raw.size:
         buf.set_tensor(t, raw, offset, raw.size)
 
@@ -273,9 +272,8 @@ def tensor_memset(t, value, offset=0, size=None):
 def tensor_set_async(backend, t, data, offset=0, size=None):
     """``tensor_set`` queued on ``backend`` (GGML's ``ggml_backend_tensor_set_async``): the same
     checks, and the copy may still run after the call returns."""
-    _check_range("tensor_set_async", t, offset, 0)
+    buf = _check_range("tensor_set_async", t, offset, size or 0)
     raw = _as_bytes("tensor_set_async", t, data, offset, size)
-    buf = _check_range("tensor_set_async", t, offset, raw.size)
     if backend.set_tensor_async is None:
         backend.synchronize()
         buf.set_tensor(t, raw, offset, raw.size)

@@ -168,19 +168,20 @@ class _FirstRunNotice:
 
 def _generate(args, path=None):
     from .compiling import CompileWatch
-    from .models.llama import load_model
 
     _check_run_options(args)
     path = path or args.model
     notice = _FirstRunNotice()
     with CompileWatch(notice.on_start, notice.on_end) as watch:
         try:
-            return _run(args, path, load_model, watch, notice)
+            return _run(args, path, watch, notice)
         finally:
             notice.close()
 
 
-def _run(args, path, load_model, watch, notice):
+def _run(args, path, watch, notice):
+    """Load, generate and print, as ``_generate`` describes; ``watch`` counts the compiles."""
+    from .models.llama import load_model
     model = load_model(path, n_gpu_layers=args.n_gpu_layers, device=args.device, n_ctx=args.ctx_size,
                        n_threads=args.threads, progress=sys.stderr.isatty(), tensor_split=args.tensor_split,
                        n_batch=args.ubatch_size)
