@@ -3,7 +3,6 @@
     python bench/bench_generate.py                       # both models, 3 runs, the table on stdout
     python bench/bench_generate.py --write bench/results/generate.md
     python bench/bench_generate.py --profile 20          # also cProfile 20 lazyggml decode steps
-    chrt -r 1 python bench/bench_generate.py ...         # on a shared, loaded machine (see below)
 
 Models:
 
@@ -35,9 +34,10 @@ n_ctx is ``min(512, the model's training context)`` for both (the embedded model
 Ratio = lazyggml tok/s / llama.cpp tok/s (> 1: lazyggml faster). The target of issue 8 is a decode
 ratio of at least 0.5.
 
-On a shared machine with as many busy processes as cores, a descheduled worker thread stalls every
-parallel region of both engines; ``chrt -r 1`` (SCHED_RR, inherited by the llama.cpp child) keeps
-the benchmark's threads on the cores. The scheduling policy in use is printed with the results.
+Run it as a user runs lazyggml, with the normal scheduling policy (no ``chrt`` or other real-time
+priority): on a loaded machine a descheduled worker thread stalls both engines' parallel regions,
+and the alternating runs spread that over both alike. The scheduling policy in use is printed with
+the results.
 """
 from __future__ import annotations
 

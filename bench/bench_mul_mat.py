@@ -154,9 +154,8 @@ def main():
         f"* GGML: ggml-python {getattr(ggml, '__version__', '?')} (its vendored GGML, built with "
         f"-march=native), one-node graph, `ggml_graph_plan` + `ggml_graph_compute`",
         f"* load average before/after: {load0[0]:.2f} / {load1[0]:.2f}; scheduling: {sched_policy()} "
-        f"(on a shared, loaded machine run it as `chrt -r 1 python bench/bench_mul_mat.py`: "
-        f"with other processes on the 2 cores, a descheduled thread stalls every parallel region "
-        f"and both sides come out 10-20x slower)",
+        f"(run as users run, without real-time priority: with other processes on the cores, a "
+        f"descheduled thread stalls every parallel region and both sides come out slower alike)",
         f"* m={M_ROWS}, k={K}; µs = median per run; ratio = GGML time / lazyggml time "
         f"(throughput ratio, > 1 means lazyggml is faster); the min columns are the fastest run of "
         f"each, the better estimate of an idle machine when others load the cores; runs = timed "

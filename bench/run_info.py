@@ -20,7 +20,8 @@ def cpu_model():
 
 
 def sched_policy():
-    """``SCHED_RR (priority 1)`` under ``chrt -r 1``: the benchmarks ask for it on shared machines."""
+    """The scheduling policy the benchmark ran under (``SCHED_OTHER`` as users run; a table made
+    under ``chrt`` says so)."""
     try:
         pol = os.sched_getscheduler(0)
         names = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_RR: "SCHED_RR", os.SCHED_FIFO: "SCHED_FIFO"}
