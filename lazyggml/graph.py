@@ -4,8 +4,18 @@
 appends each tensor after its sources: leafs (op NONE, not PARAM) to ``g.leafs``, everything
 else to ``g.nodes``. The node order is the execution order. Identity, not name, decides whether
 a tensor was seen before.
+
+**The reuse contract.** Every graph carries a ``version``, new whenever nodes are added, replaced
+or cleared (``changed()``; the DFS, ``add_node`` and ``clear`` call it). A backend keeps what it
+derives from a graph (kernel plans, a captured CUDA graph) while the version and the tensors'
+placement (``buffer.placement_epoch``) are the same: deciding that a decode step can replay the
+last one is two comparisons, never a pass over the nodes. Code that edits ``nodes`` in place
+calls ``changed()``; a node's sources, shape or parameters are never edited once it is in a graph
+that ran.
 """
 from __future__ import annotations
+
+import itertools
 
 from .dot import graph_to_dot
 from .ops import op_desc
@@ -13,6 +23,8 @@ from .tensor import FLAG_COMPUTE, FLAG_PARAM, MAX_SRC, Context
 from .types import Op, type_name
 
 __all__ = ["Graph", "new_graph", "build_forward_expand", "build_forward_select", "graph_view"]
+
+_versions = itertools.count(1)
 
 
 class Graph:
@@ -27,6 +39,11 @@ class Graph:
         self._use = {}       # tensor -> consumer slots (GGML's use_counts, keyed by identity)
         self._visited = self._use  # a tensor is visited exactly when it has a use count
         self.right_to_left = False
+        self.version = next(_versions)
+
+    def changed(self):
+        """Say that the node list changed: backends derive their plans for this graph anew."""
+        self.version = next(_versions)
 
     @property
     def n_nodes(self):
@@ -61,6 +78,7 @@ class Graph:
         self.nodes.clear()
         self.leafs.clear()
         self._use.clear()
+        self.changed()
 
     def view(self, i0, i1):
         """GGML's ``graph_view``: nodes ``[i0, i1)``, no leafs, shared use counts."""
@@ -68,6 +86,7 @@ class Graph:
         g.size, g.nodes, g.leafs = i1 - i0, self.nodes[i0:i1], []
         g._use = g._visited = self._use
         g.right_to_left = self.right_to_left
+        g.version = next(_versions)
         return g
 
     def add_node(self, t):
@@ -75,6 +94,7 @@ class Graph:
         if len(self.nodes) >= self.size:
             raise ValueError(f"graph is full: {self.size} nodes")
         self.nodes.append(t)
+        self.changed()
 
     # -- the DFS ----------------------------------------------------------------------------------
     def _visit(self, node, compute):
@@ -87,6 +107,7 @@ class Graph:
                 stack.pop()
             else:
                 stack.append(self._visit_steps(*child))
+        self.changed()   # nodes or COMPUTE flags may be new
 
     def _visit_steps(self, node, compute):
         if compute and node.op != Op.NONE:

@@ -481,6 +481,7 @@ class Scheduler:
         if self.debug:
             self._print_assignments(g)
         self._build_graph_copy(g)
+        g.changed()   # sources rewritten, nodes reordered: what backends derived from g is stale
 
     def _pass5(self, g):
         """Pass 5: cut the node list into splits and give each split copies of what it can't read."""

@@ -189,3 +189,30 @@ def test_new_graph_is_ggmls_spelling_and_refuses_gradients():
     assert isinstance(g, lg.Graph) and g.size == 16 and g.n_nodes == 0
     with pytest.raises(ValueError, match="gradients are not supported"):
         ctx.new_graph(16, grads=True)
+
+
+def test_reuse_contract_keeps_a_plan_until_the_graph_changes():
+    """A graph computed again keeps its plan (two comparisons); adding a node, clearing or
+    re-splitting gives a new version and so a new plan; a view is a graph of its own."""
+    from lazyggml.backends.cpu.table import FORWARD
+    cpu = backend_cpu_init()
+    ctx = lg.Context(no_alloc=False)
+    a = ctx.new_tensor_1d(lg.F32, 8)
+    tensor_set(a, np.arange(8, dtype=np.float32))
+    g = lg.Graph()
+    lg.build_forward_expand(g, lg.scale(a, 2.0))
+    cpu.graph_compute(g)
+    plan, v = FORWARD.plan(g), g.version
+    cpu.graph_compute(g)
+    assert FORWARD.plan(g) is plan and g.version == v
+    out = lg.add(g.nodes[-1], a)
+    lg.build_forward_expand(g, out)
+    assert g.version != v
+    cpu.graph_compute(g)
+    assert FORWARD.plan(g) is not plan and len(FORWARD.plan(g).nodes) == 2
+    assert np.array_equal(tensor_get(out).ravel(), np.arange(8) * 3.0)
+    view = g.view(0, 1)
+    assert view.version not in (g.version, v)
+    v = g.version
+    g.clear()
+    assert g.version != v and FORWARD.plan(g).nodes == []

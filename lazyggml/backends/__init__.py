@@ -15,6 +15,7 @@ import importlib
 import pkgutil
 import weakref
 
+from .. import buffer
 from ..errors import UnsupportedOpError
 from ..ops import EMPTY_OPS, node_desc
 from ..tensor import FLAG_COMPUTE
@@ -36,7 +37,7 @@ class KernelTable(dict):
         self.backend = backend
         self.package = package           # dotted name of the package whose modules register here
         self._loaded = False
-        self._runnable = weakref.WeakKeyDictionary()  # graph -> (its nodes, their kernels)
+        self._plans = weakref.WeakKeyDictionary()  # graph -> GraphPlan
 
     def forward(self, *ops, supports=_any):
         def register(fn):
@@ -62,15 +63,23 @@ class KernelTable(dict):
         entry = self.get(node.op)
         return entry is not None and entry[1](node)
 
-    def runnable(self, g):
-        """``(fn, node)`` for each node of ``g`` a backend must run, in order. As in GGML, empty ops
-        (NONE and the view ops), nodes without COMPUTE (unselected branches) and empty tensors
-        are skipped; a node this table cannot run is an error that names it. A graph computed
-        again with the same nodes (a decode step) reuses the answer."""
-        nodes = tuple(g.nodes)
-        cached = self._runnable.get(g)
-        if cached is not None and cached[0] == nodes:
-            return cached[1]
+    def plan(self, g):
+        """The ``GraphPlan`` of ``g``: ``(fn, node)`` for each node a backend must run, in order, and
+        room for what each backend derives from them (``state``). As in GGML, empty ops (NONE and
+        the view ops), nodes without COMPUTE (unselected branches) and empty tensors are skipped; a
+        node this table cannot run is an error that names it.
+
+        The reuse contract: a graph computed again (a decode step) gets the same plan while its
+        ``version`` is the same and no tensor anywhere has moved (``buffer.placement_epoch``), two
+        comparisons. When something moved, but maybe not this graph's tensors (a prompt batch was
+        allocated between decode steps), its placement is compared once before rebuilding."""
+        p = self._plans.get(g)
+        if p is not None and p.version == g.version:
+            if p.epoch == buffer.placement_epoch:
+                return p
+            if _placement(g) == p.placement:
+                p.epoch = buffer.placement_epoch
+                return p
         out = []
         for node in g.nodes:
             if node.op in EMPTY_OPS or not node.flags & FLAG_COMPUTE or node.nelements() == 0:
@@ -78,5 +87,23 @@ class KernelTable(dict):
             if not self.supports(node):
                 raise UnsupportedOpError(f"{self.backend} backend cannot run {node_desc(node)}")
             out.append((self[node.op][0], node))
-        self._runnable[g] = (nodes, out)
-        return out
+        p = self._plans[g] = GraphPlan(g, out)
+        return p
+
+
+def _placement(g):
+    """Where every node of ``g`` and its sources live."""
+    return tuple((t.buffer, t.offset) for n in g.nodes for t in (n, *n.src) if t is not None)
+
+
+class GraphPlan:
+    """What a backend runs for one graph (``nodes``: ``(fn, node)`` pairs) and what that was decided
+    from: the graph's ``version``, the placement epoch and the placement it saw. ``state`` holds, per
+    backend, what the backend derived in turn (the CPU's bound kernel calls, CUDA's captured graph);
+    it goes away with the plan when the graph changes."""
+
+    __slots__ = ("version", "epoch", "placement", "nodes", "state")
+
+    def __init__(self, g, nodes):
+        self.version, self.epoch, self.placement = g.version, buffer.placement_epoch, _placement(g)
+        self.nodes, self.state = nodes, {}

@@ -8,9 +8,9 @@ flag (unselected branches of ``build_forward_select``) and empty tensors are ski
 
 A graph is first turned into a *plan*: each node's forward function (``table.py``) returns its
 kernel calls with their arguments already built (views, scratch, constants), and the plan is the
-list of them all. It is kept with the graph and replayed while the graph has the same nodes, none
-of its tensors has moved (``buffer.placement_epoch`` says whether any tensor did; only then are
-the graph's own looked at) and the thread count is the same: a decode step then
+list of them all. It is kept in the graph's ``GraphPlan`` (``backends.KernelTable.plan``: the reuse
+contract, O(1) while the graph and the placement of tensors are unchanged) and replayed while the
+thread count is the same: a decode step then
 costs one Python call per kernel, and Numba's thread count is set once per graph, not per kernel
 (setting or reading it costs ~2 µs from Python). After its first run, when Numba has compiled every
 kernel for these arguments, the plan calls the compiled code directly (``_compiled``).
@@ -18,12 +18,10 @@ kernel for these arguments, the plan calls the compiled code directly (``_compil
 from __future__ import annotations
 
 import os
-import weakref
 
 import numba
 from numba._dispatcher import compute_fingerprint
 
-from ... import buffer
 from ...backend import Backend, Device, DeviceType, Registry, host_view
 from ...buffer import BufferType, Status
 from ...ops import EMPTY_OPS
@@ -72,7 +70,6 @@ class CPUBackend(Backend):
     def __init__(self, device, n_threads=None):
         super().__init__(device)
         self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS
-        self._plans = weakref.WeakKeyDictionary()   # graph -> _Plan
 
     def graph_compute(self, g):
         numba.set_num_threads(self.n_threads)   # before planning: forwards read it
@@ -85,38 +82,26 @@ class CPUBackend(Backend):
         return Status.SUCCESS
 
     def _plan(self, g):
-        key = (tuple(g.nodes), self.n_threads)
-        plan = self._plans.get(g)
-        if plan is not None and plan.key == key:
-            if plan.epoch == buffer.placement_epoch:
-                return plan
-            # something moved, but maybe not this graph's tensors (another graph was allocated
-            # in between, e.g. a prompt batch between decode steps): look before rebuilding
-            placement = _placement(g)
-            if placement == plan.placement:
-                plan.epoch = buffer.placement_epoch
-                return plan
-        steps = []
-        for fn, node in FORWARD.runnable(g):
-            steps += fn(node, host_view(node), [None if s is None else host_view(s) for s in node.src])
-        plan = self._plans[g] = _Plan(key, steps, _placement(g))
+        """The bound kernel calls of ``g``, kept in its ``GraphPlan`` (the reuse contract) for this
+        backend and thread count."""
+        gp = FORWARD.plan(g)
+        plan = gp.state.get(self)
+        if plan is None or plan.n_threads != self.n_threads:
+            steps = []
+            for fn, node in gp.nodes:
+                steps += fn(node, host_view(node), [None if s is None else host_view(s) for s in node.src])
+            plan = gp.state[self] = _Plan(steps, self.n_threads)
         return plan
 
 
-def _placement(g):
-    """Where every node of ``g`` and its sources live."""
-    return tuple((t.buffer, t.offset) for n in g.nodes for t in (n, *n.src) if t is not None)
-
-
 class _Plan:
-    """A graph's kernel calls, what they were made for (nodes and threads; the placement epoch and
-    the placement it saw), and whether they already call compiled code directly."""
+    """A graph's kernel calls, the thread count they were made for, and whether they already call
+    compiled code directly."""
 
-    __slots__ = ("key", "steps", "epoch", "placement", "direct")
+    __slots__ = ("steps", "n_threads", "direct")
 
-    def __init__(self, key, steps, placement):
-        self.key, self.steps, self.direct = key, steps, False
-        self.epoch, self.placement = buffer.placement_epoch, placement
+    def __init__(self, steps, n_threads):
+        self.steps, self.n_threads, self.direct = steps, n_threads, False
 
 
 def _compiled(kernel, args):

@@ -17,13 +17,14 @@ the backend before reading its results (``backend_graph_compute`` does).
 first) per node on the backend's stream and returns at once; ``synchronize`` waits. Views, NONE
 nodes, nodes without the COMPUTE flag and empty tensors are skipped, as on the CPU.
 
-**CUDA graphs** (``graphs.py``; ``LAZYGGML_CUDA_GRAPHS=0`` turns them off): a split
-whose nodes are unchanged (same ops, params, shapes, strides, buffers, offsets) is run eagerly
-the first time, captured the second, and replayed from then on with one driver call. A graph whose
-shapes change every call (an attention window that grows by one token) is never replayed: a model
-runner that wants replays pads such sizes (llama.cpp pads the KV length to 256). Work areas
-(``scratch``) only grow; when one must grow, every cached graph is dropped, since graphs hold the
-old addresses.
+**CUDA graphs** (``graphs.py``; ``LAZYGGML_CUDA_GRAPHS=0`` turns them off): a graph computed
+again under the reuse contract (``graph.py``: same ``version``, no tensor moved; the kernel
+table's ``GraphPlan`` decides it in O(1)) is run eagerly the first time, captured the second, and
+replayed from then on with one driver call. A model runner that wants replays keeps its graph
+(llama.cpp pads the KV length to 256 so that one graph serves 256 tokens). At most
+``MAX_CACHED_GRAPHS`` captured graphs are kept (least recently launched dropped first). Work
+areas (``scratch``) only grow; when one must grow, every captured graph is dropped, since graphs
+hold the old addresses.
 """
 from __future__ import annotations
 
@@ -40,7 +41,6 @@ from ...ops import EMPTY_OPS, Op
 from .table import FORWARD
 
 MAX_CACHED_GRAPHS = 32
-MAX_SEEN_KEYS = 1024
 OFFLOAD_MIN_BATCH = 32   # GGML: an op on host weights is worth moving to the GPU from 32 rows on
 
 
@@ -220,8 +220,8 @@ class CUDABackend(Backend):
             self.stream = _cuda().stream()
         self._scratch = {}           # name -> device array of bytes
         self._scratch_views = {}
-        self._graphs = OrderedDict()  # graph key -> CudaGraph, least recently used first
-        self._seen = set()            # keys run once eagerly: the next run captures
+        self._captured = OrderedDict()  # id -> _Replay holding a captured graph, least recently used first
+        self._scratch_epoch = 0         # bumped when a work area moves: captured graphs hold its address
         self._capturing = False
         self.use_graphs = not simulated() and os.environ.get("LAZYGGML_CUDA_GRAPHS", "1") != "0"
 
@@ -245,6 +245,7 @@ class CUDABackend(Backend):
             self.stream.synchronize()             # old area may still be in use by queued kernels
             self._scratch[name] = arr = _cuda().device_array(max(nbytes, 256), np.uint8)
             self._scratch_views = {k: v for k, v in self._scratch_views.items() if k[0] != name}
+            self._scratch_epoch += 1
             self._drop_graphs()
         v = arr[:nbytes].view(dtype)
         self._scratch_views[key] = v = v if cols is None else v.reshape(v.size // cols, cols)
@@ -252,31 +253,32 @@ class CUDABackend(Backend):
 
     # -- interface
     def graph_compute(self, g):
-        nodes = FORWARD.runnable(g)
+        gp = FORWARD.plan(g)
         with self.device.context():
             if not self.use_graphs:
-                self._run(nodes)
+                self._run(gp.nodes)
                 return Status.SUCCESS
-            key = _graph_key(nodes)
-            cg = self._graphs.get(key)
-            if cg is None and key in self._seen:
-                from .graphs import capture
+            st = gp.state.get(self)
+            if st is None:              # first run: eager, which also compiles every kernel
+                gp.state[self] = _Replay()
+                self._run(gp.nodes)
+            elif st.graph is None or st.scratch_epoch != self._scratch_epoch:
+                from .graphs import capture    # second run (or work areas moved): capture
+                if st.graph is not None:
+                    st.graph.free()
                 self._capturing = True
                 try:
-                    cg = capture(self.stream, lambda: self._run(nodes))
+                    st.graph = capture(self.stream, lambda: self._run(gp.nodes))
                 finally:
                     self._capturing = False
-                self._graphs[key] = cg
-                if len(self._graphs) > MAX_CACHED_GRAPHS:
-                    self._graphs.popitem(last=False)[1].free()
-            if cg is None:
-                if len(self._seen) >= MAX_SEEN_KEYS:   # keys that never came back twice
-                    self._seen.clear()
-                self._seen.add(key)
-                self._run(nodes)
+                st.scratch_epoch = self._scratch_epoch
+                self._captured[id(st)] = st
+                if len(self._captured) > MAX_CACHED_GRAPHS:   # least recently launched first
+                    self._captured.popitem(last=False)[1].drop()
+                st.graph.launch(self.stream)
             else:
-                self._graphs.move_to_end(key)
-                cg.launch(self.stream)
+                self._captured.move_to_end(id(st))
+                st.graph.launch(self.stream)
         return Status.SUCCESS
 
     def _run(self, nodes):
@@ -284,9 +286,9 @@ class CUDABackend(Backend):
             fn(self, node)
 
     def _drop_graphs(self):
-        for cg in self._graphs.values():
-            cg.free()
-        self._graphs.clear()
+        for st in self._captured.values():
+            st.drop()
+        self._captured.clear()
 
     # Stream work runs with this backend's GPU current: with several GPUs, the scheduler calls
     # one backend right after another's.
@@ -351,14 +353,19 @@ def _peer_copy(dst, dst_dev, src, src_dev, nbytes, stream):
                                  nbytes, drv.CUstream(int(stream.handle))), "cuMemcpyPeerAsync")
 
 
-def _sig(t):
-    return (t.type, t.ne, t.nb, t.offset, t.data_buffer().id)
+class _Replay:
+    """A graph's CUDA-graph state on one backend, kept in its ``GraphPlan``: None until the second
+    run captures it, and the work-area epoch it was captured under."""
 
+    __slots__ = ("graph", "scratch_epoch")
 
-def _graph_key(nodes):
-    """What a captured graph depends on: per node its op, params, and where it and its sources live."""
-    return tuple((n.op, n.op_params, _sig(n), tuple(_sig(s) for s in n.src if s is not None))
-                 for _, n in nodes)
+    def __init__(self):
+        self.graph, self.scratch_epoch = None, -1
+
+    def drop(self):
+        if self.graph is not None:
+            self.graph.free()
+            self.graph = None
 
 
 # -- registry --------------------------------------------------------------------------------------

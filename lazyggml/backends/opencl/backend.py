@@ -279,7 +279,7 @@ class OpenCLBackend(Backend):
 
     # -- compute --
     def graph_compute(self, g):
-        for fn, node in FORWARD.runnable(g):
+        for fn, node in FORWARD.plan(g).nodes:
             fn(self, node)
         return Status.SUCCESS
 
