@@ -114,6 +114,10 @@ class Backend:
     event_record = None         # (event)
     event_wait = None           # (event)
     graph_optimize = None       # (graph) -> None, may reorder nodes
+    # True when set_tensor_async has read its host data by the time it returns (CUDA's uploads
+    # from pageable memory are staged at once): the scheduler then queues uploads of host inputs
+    # behind the backend's earlier work instead of waiting for it
+    host_copy_snapshots = False
 
     def __init__(self, device, name=None):
         self.device = device

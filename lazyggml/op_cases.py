@@ -3,12 +3,14 @@
 ``CASES`` is a table of small graphs in the style of GGML's test-backend-ops: each op on
 contiguous tensors, with broadcasting, on strided and permuted views, in place, over every tensor
 type it accepts (``mul_mat``, ``get_rows``, ``set_rows`` and ``cpy`` over every weight type), at
-sizes that take the CPU's threaded paths as well as its single-threaded ones, and an attention
-block shaped like the model runner's. Three readers share it:
+sizes that take the CPU's threaded paths as well as its single-threaded ones, an attention
+block shaped like the model runner's, and fused attention (``flash_attn_ext``: GQA, masks with -inf
+cells, ALiBi, soft cap, K/V as views of a cache). Three readers share it:
 
 * ``tests/test_backend_ops.py`` runs every case on the CPU (``run_case``) and compares it with its
   float64 NumPy oracle; ``tests/test_opencl.py`` and ``tests/test_cuda.py`` run it on their backends
-  (the CUDA simulator ``LIGHT_CASES``: all but the products);
+  (the CUDA simulator ``LIGHT_CASES``: all but the products and the flash attention over hundreds of
+  KV cells);
 * ``lazyggml warmup`` (``warmup.py``) runs every case through ``run_case`` to compile the kernel
   signatures real graphs need; ``--cases`` picks cases by name, ``--types`` by the types they
   exercise, ``--jobs`` hands out families;
@@ -35,7 +37,8 @@ Checking a case
 ``run_case(case, backend)`` fills the inputs with uniform [-1, 1] data (or what the case's ``fill``
 asks for: positive values, indices), computes on the backend and compares with the oracle by
 GGML's normalized mean squared error ``sum((a - b)^2) / sum(b^2) <= max_nmse`` (1e-7; 5e-4 for
-products, as GGML's test_mul_mat: the CPU rounds activations to the weights' dot-product type),
+products, as GGML's test_mul_mat: the CPU rounds activations to the weights' dot-product type, and
+for flash attention over F16 K/V, as GGML's test_flash_attn_ext),
 after checking that NaN and Inf agree and that no input was written other than the outputs' own
 memory. The seed is random per process unless ``LAZYGGML_TEST_SEED`` is set; a failure prints it.
 
@@ -66,6 +69,7 @@ Q4_0, Q8_0, Q4_K = Type.Q4_0, Type.Q8_0, Type.Q4_K
 NEOX = ops.ROPE_TYPE_NEOX
 MAX_NMSE = 1e-7
 MUL_MAT_NMSE = 5e-4   # GGML's test_mul_mat::max_nmse_err
+FLASH_ATTN_NMSE = 5e-4   # GGML's test_flash_attn_ext::max_nmse_err, for F16 K/V (F16 dot products, F16 sums)
 SEED = int(os.environ.get("LAZYGGML_TEST_SEED", random.randrange(2**31)))
 
 # the types mul_mat, get_rows, set_rows and cpy take as weights (Q8_1 and Q8_K only hold activations)
@@ -703,6 +707,130 @@ for _n in (1, 8, 64):
     case(f"attention(n_tokens={_n})", "attention", _inputs, _op, _ref, _fill, max_nmse=MUL_MAT_NMSE)
 
 
+# -- flash_attn_ext: fused attention -----------------------------------------------------------------
+def flash_attn_ext_ref(q, k, v, mask=None, scale=1.0, max_bias=0.0, softcap=0.0):
+    """GGML's flash_attn_ext in float64: q (ne3, n_head, n_q, D), k (ne3k, n_head_kv, n_kv, D),
+    v (ne3k, n_head_kv, n_kv, Dv), mask (m3, m2, >= n_q, n_kv) -> (ne3, n_q, n_head, Dv) (heads and
+    queries swapped, GGML's result layout). Query head h reads kv head h // (n_head / n_head_kv), and
+    dim 3 likewise; the score is scale·q·k, soft-capped to softcap·tanh(score/softcap), plus the ALiBi
+    slope times the mask row of the query (dims 2, 3 by modulo); a query that sees no cell gets 0."""
+    ne3, n_head, n_q, _ = q.shape
+    ne3k, n_head_kv = k.shape[:2]
+    slopes = alibi_slopes_ref(n_head, max_bias)
+    out = np.zeros((ne3, n_q, n_head, v.shape[3]))
+    for i3, h in np.ndindex(ne3, n_head):
+        kv3, kvh = i3 // (ne3 // ne3k), h // (n_head // n_head_kv)
+        s = scale * (q[i3, h] @ k[kv3, kvh].T)                        # (n_q, n_kv)
+        if softcap:
+            s = softcap * np.tanh(s / softcap)
+        if mask is not None:
+            s = s + slopes[h] * mask[i3 % mask.shape[0], h % mask.shape[1], :n_q]
+        top = np.max(s, axis=-1, keepdims=True)
+        seen = np.isfinite(top)                                        # a cell is not masked
+        e = np.exp(s - np.where(seen, top, 0.0))
+        total = np.sum(e, axis=-1, keepdims=True)
+        out[i3, :, h] = np.where(seen, (e @ v[kv3, kvh]) / np.where(seen, total, 1.0), 0.0)
+    return out
+
+
+def _fa_mask(n_q, causal=True, masked_row=None):
+    """A flash-attention mask (m3, m2, m1, n_kv): uniform [-1, 0] values (ALiBi's positions, or any
+    additive bias); with ``causal``, -inf where query iq1 may not see cell ic (ic > n_kv - n_q + iq1:
+    the batch is the last n_q cells of the cache); query ``masked_row`` sees nothing."""
+    def fill(rng, shape):
+        m = rng.uniform(-1.0, 0.0, shape)
+        if causal:
+            ic, iq = np.arange(shape[-1]), np.arange(shape[-2])
+            m = np.where(ic[None, :] <= shape[-1] - n_q + iq[:, None], m, -np.inf)
+        if masked_row is not None:
+            m[..., masked_row, :] = -np.inf
+        return m
+    return fill
+
+
+_SIM_HEAVY = set()   # the names of the flash_attn cases over hundreds of KV cells: minutes under the CUDA simulator
+
+
+def _fa_case(d, n_kv, n_q, n_head, n_head_kv, kv, mt, ne3=1, ne3k=1, m=None, max_bias=0.0, softcap=0.0,
+             scale=None, dv=None, causal=True, masked_row=None):
+    """A flash_attn_ext case: q F32 [d, n_q, n_head, ne3], k/v of type ``kv`` [d or dv, n_kv, n_head_kv,
+    ne3k], a mask of type ``mt`` (None: no mask) and shape ``m`` (default [n_kv, n_q, 1, 1])."""
+    dv = dv or d
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    m = m or (n_kv, n_q, 1, 1)
+    inputs = [f32(d, n_q, n_head, ne3), (kv, (d, n_kv, n_head_kv, ne3k)), (kv, (dv, n_kv, n_head_kv, ne3k))]
+    fill = {}
+    if mt is not None:
+        inputs.append((mt, m))
+        fill[3] = _fa_mask(n_q, causal, masked_row)
+    label = (f"d={d}{'' if dv == d else f', dv={dv}'}, n_kv={n_kv}, n_q={n_q}, heads={n_head}/{n_head_kv}"
+             f"{f', ne3={ne3}/{ne3k}' if ne3 > 1 else ''}, kv {type_name(kv)}, "
+             f"mask {type_name(mt) + str(list(m)) if mt is not None else None}"
+             f"{', causal' if mt is not None and causal else ''}"
+             f"{f', query {masked_row} masked' if masked_row is not None else ''}"
+             f"{f', max_bias={max_bias}' if max_bias else ''}{f', softcap={softcap}' if softcap else ''}"
+             f"{f', scale={scale:.3g}' if scale != 1.0 / math.sqrt(d) else ''}")
+    name = f"flash_attn_ext({label})"
+    if n_kv > 64:
+        _SIM_HEAVY.add(name)
+    case(name, "flash_attn", inputs,
+         lambda q, k, v, mask=None: ops.flash_attn_ext(q, k, v, mask, scale, max_bias, softcap),
+         lambda q, k, v, mask=None: flash_attn_ext_ref(q, k, v, mask, scale, max_bias, softcap), fill,
+         max_nmse=FLASH_ATTN_NMSE if kv == F16 else MAX_NMSE)
+
+
+_fa_case(64, 7, 5, 4, 4, F16, F16)
+_fa_case(64, 7, 5, 4, 4, F32, F32)
+_fa_case(64, 7, 5, 4, 4, F16, F16, masked_row=2)                    # a query that sees nothing: zeros
+_fa_case(64, 7, 5, 4, 2, F32, F32, masked_row=0)
+_fa_case(128, 259, 1, 8, 2, F16, F16)                               # decode: one query, GQA 4
+_fa_case(128, 259, 1, 8, 2, F32, None)
+_fa_case(64, 259, 32, 4, 1, F16, F16)                               # a prompt batch, GQA 4
+_fa_case(128, 7, 32, 2, 2, F32, F32, causal=False)
+_fa_case(128, 1, 1, 4, 4, F16, None)                                # one cell
+_fa_case(128, 1, 5, 4, 1, F32, F32, causal=False)
+_fa_case(40, 7, 5, 4, 4, F16, F16)                                  # a head size of no SIMD width
+_fa_case(40, 259, 5, 4, 4, F32, None)
+_fa_case(64, 7, 5, 4, 4, F32, None, dv=40)                          # V rows shorter than K's
+_fa_case(64, 7, 5, 6, 6, F16, F16, m=(7, 5, 2, 1), max_bias=8.0)    # ALiBi, 6 heads: both slope bases
+_fa_case(64, 7, 5, 6, 3, F32, F32, max_bias=8.0)
+# soft cap: a larger scale so that scores reach where tanh bends
+_fa_case(128, 259, 5, 4, 4, F16, F16, softcap=50.0, scale=8.0 / math.sqrt(128))
+_fa_case(64, 7, 5, 4, 2, F32, F32, softcap=50.0, scale=8.0 / math.sqrt(64))
+_fa_case(64, 7, 5, 2, 2, F16, F16, ne3=2, ne3k=1, m=(7, 5, 2, 2))   # dim 3: k, v broadcast, mask per ne3
+_fa_case(64, 7, 5, 2, 1, F32, F32, ne3=2, ne3k=2, m=(7, 8, 1, 1))   # mask rows beyond n_q (padding)
+
+
+def _fa_cache_case(d, n_head, n_head_kv, n_q, n_kv, n_ctx, kv, mt):
+    """flash_attn_ext as the model runner calls it: k and v are views of the first n_kv cells of
+    [d * n_head_kv, n_ctx] caches (view_3d to [d, n_head_kv, n_kv], then permuted to [d, n_kv,
+    n_head_kv]), q a permuted [d, n_head, n_q] tensor."""
+    n_embd = d * n_head_kv
+    scale = 1.0 / math.sqrt(d)
+
+    def kv_view(c):
+        return ops.permute(ops.view_3d(c, d, n_head_kv, n_kv, c.nb[0] * d, c.nb[1], 0), 0, 2, 1, 3)
+
+    def kv_ref(c):   # (1, 1, n_ctx, n_embd) -> (1, n_head_kv, n_kv, d)
+        return np_permute(c[:, :, :n_kv].reshape(1, n_kv, n_head_kv, d), 0, 2, 1, 3)
+
+    name = (f"flash_attn_ext(views of a {type_name(kv)} cache [{n_embd}, {n_ctx}], n_kv={n_kv}, permuted q "
+            f"[{d}, {n_head}, {n_q}], heads={n_head}/{n_head_kv}, mask {type_name(mt)}, causal)")
+    if n_kv > 64:
+        _SIM_HEAVY.add(name)
+    case(name, "flash_attn",
+         [f32(d, n_head, n_q), (kv, (n_embd, n_ctx)), (kv, (n_embd, n_ctx)), (mt, (n_kv, n_q))],
+         lambda q, kc, vc, mask: ops.flash_attn_ext(ops.permute(q, 0, 2, 1, 3), kv_view(kc), kv_view(vc), mask,
+                                                    scale),
+         lambda q, kc, vc, mask: flash_attn_ext_ref(np_permute(q, 0, 2, 1, 3), kv_ref(kc), kv_ref(vc), mask,
+                                                    scale),
+         {3: _fa_mask(n_q)}, max_nmse=FLASH_ATTN_NMSE if kv == F16 else MAX_NMSE)
+
+
+_fa_cache_case(128, 8, 2, 5, 259, 320, F16, F16)
+_fa_cache_case(64, 4, 2, 5, 7, 16, F32, F32)
+
+
 # -- a small chain, as a model would use them --------------------------------------------------------
 def _chain(x, w, pos):
     h = ops.rope_ext(ops.mul(ops.rms_norm(x, 1e-5), w), pos, None, 32, NEOX)
@@ -719,5 +847,5 @@ case("chain(rms_norm, mul, rope, scale, soft_max)", "chain", [f32(32, 4, 3), f32
 assert len({c.name for c in CASES}) == len(CASES), "case names must be unique"
 
 # the cases without products: what a GPU simulator runs in a minute (numba-cuda's runs every GPU thread
-# as a Python thread; a product takes it seconds, attention a minute)
-LIGHT_CASES = [c for c in CASES if c.family not in ("mul_mat", "attention")]
+# as a Python thread; a product takes it seconds, attention a minute, flash attention over 259 cells two)
+LIGHT_CASES = [c for c in CASES if c.family not in ("mul_mat", "attention") and c.name not in _SIM_HEAVY]

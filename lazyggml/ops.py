@@ -40,15 +40,17 @@ __all__ = ["Op", "UnaryOp", "GluOp", "ROPE_TYPE_NORMAL", "ROPE_TYPE_NEOX", "VIEW
            "scale_inplace", "scale_bias", "clamp", "sum", "sum_rows", "mean", "argmax", "norm",
            "norm_inplace", "rms_norm", "rms_norm_inplace", "mul_mat", "get_rows", "set_rows",
            "diag_mask_inf", "diag_mask_inf_inplace", "soft_max", "soft_max_inplace", "soft_max_ext",
-           "soft_max_ext_inplace", "rope_ext", "rope_ext_inplace", "rope", "rope_inplace", "swiglu",
+           "soft_max_ext_inplace", "flash_attn_ext", "flash_attn_ext_set_prec", "PREC_DEFAULT", "PREC_F32",
+           "rope_ext", "rope_ext_inplace", "rope", "rope_inplace", "swiglu",
            "swiglu_swapped", "swiglu_split", "geglu", "geglu_split", "reglu", "reglu_split", "pad_ext",
            "pad", "reshape", "reshape_1d", "reshape_2d", "reshape_3d", "reshape_4d", "view_1d", "view_2d",
            "view_3d", "view_4d", "permute", "transpose",
            # op_params, typed (one NamedTuple per op, its fields in GGML's order), and their accessors
            "ConcatParams", "UnaryParams", "ScaleParams", "ClampParams", "NormParams", "DiagMaskParams",
-           "SoftMaxParams", "RopeParams", "GluParams", "PadParams", "ViewParams", "PermuteParams",
-           "concat_dim", "unary_op", "scale_params", "clamp_params", "norm_eps", "diag_mask_n_past",
-           "soft_max_params", "rope_params", "glu_params", "pad_params", "view_offset", "permute_axes",
+           "SoftMaxParams", "FlashAttnParams", "RopeParams", "GluParams", "PadParams", "ViewParams",
+           "PermuteParams", "concat_dim", "unary_op", "scale_params", "clamp_params", "norm_eps",
+           "diag_mask_n_past", "soft_max_params", "flash_attn_params", "rope_params", "glu_params",
+           "pad_params", "view_offset", "permute_axes",
            # constants GGML derives from op_params on the host
            "rope_yarn_corr_dims", "rope_theta_scale", "AlibiParams", "soft_max_alibi"]
 
@@ -68,7 +70,7 @@ INPLACE_OPS = frozenset({
 })
 
 # In the enum for the issues that build them; no constructor or kernel yet, so no graph has them.
-RESERVED_OPS = frozenset({Op.MUL_MAT_ID, Op.FLASH_ATTN_EXT})
+RESERVED_OPS = frozenset({Op.MUL_MAT_ID})
 
 
 def is_view_op(op):
@@ -794,6 +796,93 @@ def soft_max_ext(a, mask=None, scale=1.0, max_bias=0.0, *, ctx=None):
 def soft_max_ext_inplace(a, mask=None, scale=1.0, max_bias=0.0, *, ctx=None):
     """As ``soft_max_ext``, but written over ``a`` (the result is a view of it)."""
     return _soft_max_impl(a, mask, scale, max_bias, True, ctx)
+
+
+# GGML's enum ggml_prec (ggml.h): FLASH_ATTN_EXT's op_params[3]
+PREC_DEFAULT = 0
+PREC_F32 = 10
+
+
+class FlashAttnParams(NamedTuple):
+    """FLASH_ATTN_EXT's ``op_params`` (GGML's ``ggml_flash_attn_ext``): three floats, then the
+    precision. ``scale`` is the caller's: with a soft cap, each kernel computes
+    ``softcap * tanh(scale/softcap * q·k)`` from it (the division is done in float32 when the kernel
+    is launched, as GGML's backends do)."""
+    scale: float
+    max_bias: float       # ALiBi's maximum bias (0: no ALiBi)
+    logit_softcap: float  # 0: no soft cap
+    prec: int             # PREC_DEFAULT or PREC_F32 (``flash_attn_ext_set_prec``); a hint GGML's CPU ignores
+
+
+def flash_attn_params(t):
+    """A FLASH_ATTN_EXT node's ``FlashAttnParams(scale, max_bias, logit_softcap, prec)``."""
+    return _read(t, FlashAttnParams, Op.FLASH_ATTN_EXT)
+
+
+def _row_packed(t):
+    return t.nb[0] == type_size(t.type)
+
+
+def flash_attn_ext(q, k, v, mask=None, scale=1.0, max_bias=0.0, logit_softcap=0.0, *, ctx=None):
+    """Fused attention (GGML's ``ggml_flash_attn_ext``): ``softmax(scale * q·kᵀ + slope * mask) · v``
+    per query and head, without materialising the scores.
+
+    ``q`` F32 [D, n_q, n_head, ne3]; ``k`` F16 or F32 [D, n_kv, n_head_kv, ne3k]; ``v`` of ``k``'s
+    type [Dv, n_kv, n_head_kv, ne3k] (not transposed); query head ``h`` reads kv head
+    ``h // (n_head / n_head_kv)`` and dim 3 is broadcast the same way (GQA). q, k and v may be
+    views with any strides as long as each row (dim 0) is packed. ``mask`` (optional, F16 or F32,
+    contiguous) is [n_kv, >= n_q, m2, m3]: query ``i`` adds row ``i``, dims 2 and 3 broadcast by
+    modulo as in ``soft_max_ext``; -inf cells are skipped. ``slope`` is ALiBi's per-head slope when
+    ``max_bias > 0`` (which needs a mask), else 1. With ``logit_softcap`` != 0 the score becomes
+    ``logit_softcap * tanh(score / logit_softcap)`` before the mask is added. A query whose every
+    cell is masked gets zeros.
+
+    The result is F32 [Dv, n_head, n_q, ne3]: heads in dim 1, queries in dim 2 (GGML's permuted
+    layout, ready to be reshaped to [Dv * n_head, n_q]). Sources: ``[q, k, v, mask]``; op_params:
+    ``FlashAttnParams`` (precision ``PREC_DEFAULT``; see ``flash_attn_ext_set_prec``)."""
+    name = "flash_attn_ext"
+    _need_float(name, q, k, v)
+    if q.type != Type.F32:
+        _fail(name, "q must be F32", q, k, v, error=TensorTypeError)
+    if k.type not in (Type.F16, Type.F32) or v.type != k.type:
+        _fail(name, "k must be F16 or F32 and v of k's type", q, k, v, error=TensorTypeError)
+    if not (_row_packed(q) and _row_packed(k) and _row_packed(v)):
+        _fail(name, "q, k and v rows (dim 0) must be packed", q, k, v)
+    if k.ne[0] != q.ne[0]:
+        _fail(name, "q and k must have the same head size ne[0]", q, k, v)
+    if v.ne[1] != k.ne[1] or v.ne[2] != k.ne[2] or v.ne[3] != k.ne[3]:
+        _fail(name, "v must match k in dims 1, 2, 3 (n_kv, n_head_kv, ne3)", q, k, v)
+    if q.ne[2] % k.ne[2] or q.ne[3] % k.ne[3]:
+        _fail(name, "q's dims 2, 3 (n_head, ne3) must be multiples of k's (GQA broadcast)", q, k, v)
+    if mask is not None:
+        _need(name, mask)
+        if mask.type not in (Type.F16, Type.F32):
+            _fail(name, "mask must be F16 or F32", q, k, v, mask, error=TensorTypeError)
+        if not mask.is_contiguous():
+            _fail(name, "mask must be contiguous", q, k, v, mask)
+        if mask.ne[0] != k.ne[1] or mask.ne[1] < q.ne[1]:
+            _fail(name, "mask must have ne[0] = n_kv (k.ne[1]) and ne[1] >= n_q (q.ne[1])", q, k, v, mask)
+        if q.ne[2] % mask.ne[2] or q.ne[3] % mask.ne[3]:
+            _fail(name, "mask dims 2, 3 must divide q's", q, k, v, mask)
+    if max_bias > 0 and mask is None:
+        _fail(name, "ALiBi (max_bias > 0) needs a mask", q, k, v)
+    r = _ctx(ctx, q).new_tensor(Type.F32, (v.ne[0], q.ne[2], q.ne[1], q.ne[3]))
+    return _set(r, Op.FLASH_ATTN_EXT, [q, k, v, mask],
+                FlashAttnParams(float(scale), float(max_bias), float(logit_softcap), PREC_DEFAULT))
+
+
+def flash_attn_ext_set_prec(t, prec):
+    """Set a FLASH_ATTN_EXT node's precision (``PREC_DEFAULT`` or ``PREC_F32``) in its
+    ``op_params``, as GGML's ``ggml_flash_attn_ext_set_prec``: a hint to backends that would
+    otherwise compute in F16 (lazyggml's CPU kernel is float32 either way)."""
+    if not isinstance(t, Tensor) or t.op != Op.FLASH_ATTN_EXT:
+        raise ValueError(f"flash_attn_ext_set_prec: {getattr(t, 'label', type(t).__name__)} is not a "
+                         f"FLASH_ATTN_EXT node")
+    p = flash_attn_params(t)
+    if prec not in (PREC_DEFAULT, PREC_F32):
+        raise ValueError(f"flash_attn_ext_set_prec: precision {prec!r} is neither PREC_DEFAULT (0) nor "
+                         f"PREC_F32 (10)")
+    t.op_params = tuple(p._replace(prec=int(prec)))
 
 
 class RopeParams(NamedTuple):

@@ -644,7 +644,14 @@ class Scheduler:
             for inp in split.inputs:
                 inp_backend = self.backends[self._ids[inp]]
                 cpy = self._copies[(inp, sid)][self.cur_copy]
-                if inp.flags & FLAG_INPUT:
+                sbuf = inp.data_buffer()
+                if backend.host_copy_snapshots and sbuf.is_host():
+                    # the upload is queued behind this backend's earlier work, which read the old
+                    # contents, and has the bytes once it returns: neither side waits
+                    inp_backend.synchronize()
+                    n = inp.nbytes()
+                    backend.set_tensor_async(cpy, sbuf.data[inp.offset:inp.offset + n], 0, n)
+                elif inp.flags & FLAG_INPUT:
                     # user data: copy now, before the user can overwrite it
                     self._host_wait(sid)
                     tensor_copy(inp, cpy)

@@ -171,7 +171,7 @@ class Op(enum.IntEnum):
     ROPE = enum.auto()
     CLAMP = enum.auto()
     PAD = enum.auto()
-    FLASH_ATTN_EXT = enum.auto()   # reserved: fused attention (issues 17, 19) build it
+    FLASH_ATTN_EXT = enum.auto()   # fused attention (ops.flash_attn_ext)
     UNARY = enum.auto()
     GLU = enum.auto()
 

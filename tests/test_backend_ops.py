@@ -210,6 +210,20 @@ _BAD = [  # (the op named in the message, a thunk that must raise)
     ("soft_max", lambda: lg.soft_max_ext(_t(4, 3), _t(4, 2))),
     ("soft_max", lambda: lg.soft_max_ext(_t(4, 3, 4), _t(4, 3, 3))),
     ("soft_max", lambda: lg.soft_max_ext(_t(4, 3), None, 1.0, 8.0)),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4, type_=F16), _t(8, 5, 2, type_=F16), _t(8, 5, 2))),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4), _t(8, 5, 2, type_=BF16), _t(8, 5, 2, type_=BF16))),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4), _t(8, 5, 2, type_=F16), _t(8, 5, 2))),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4), _t(6, 5, 2), _t(8, 5, 2))),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4), _t(8, 5, 3), _t(8, 5, 3))),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4), _t(8, 5, 2), _t(8, 6, 2))),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4), _t(8, 5, 2), _t(8, 5, 2), _t(5, 1))),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4), _t(8, 5, 2), _t(8, 5, 2), _t(4, 2))),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4), _t(8, 5, 2), _t(8, 5, 2), _t(5, 2, 3))),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4), _t(8, 5, 2), _t(8, 5, 2), _t(5, 2, type_=I32))),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4), _t(8, 5, 2), _t(8, 5, 2), lg.transpose(_t(2, 5)))),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4), _t(8, 5, 2), _t(8, 5, 2), None, 1.0, 8.0)),
+    ("flash_attn_ext", lambda: lg.flash_attn_ext(_t(8, 2, 4), lg.transpose(_t(5, 8)), _t(8, 5))),
+    ("flash_attn_ext_set_prec", lambda: lg.flash_attn_ext_set_prec(lg.soft_max(_t(4, 3)), lg.PREC_F32)),
     ("rope", lambda: lg.rope(_t(8, 2, 3), _t(3, type_=I32), 8, 1)),
     ("rope", lambda: lg.rope(_t(8, 2, 3), _t(3), 8, 0)),
     ("rope", lambda: lg.rope(_t(8, 2, 3), _t(4, type_=I32), 8, 0)),
@@ -365,3 +379,61 @@ def test_parity_with_libggml(name, specs, makers, build_lg, build_gg, exact, cpu
     else:
         a, b = got.view(np.float32).astype(np.float64), want.view(np.float32).astype(np.float64)
         assert nmse(a, b) < 1e-12, f"{name}: NMSE {nmse(a, b):.2e} vs libggml (seed {SEED})"
+
+
+# flash_attn_ext against libggml's CPU kernel. GGML's CPU rounds q to F16 for the dot products and sums
+# the weighted V rows in F16 when K/V are F16, where lazyggml stays in float32 (backends/cpu/attention.py),
+# so F16 K/V agree within GGML's own flash-attention tolerance; F32 K/V differ only in summation order.
+# libggml's CPU reads the mask as F16 only.
+_FA_PARITY = [  # (D, n_kv, n_q, n_head, n_head_kv, ne3, K/V type, mask rows, scale, max_bias, logit_softcap)
+    (64, 7, 5, 4, 4, 1, F32, 5, 0.125, 0.0, 0.0),
+    (128, 259, 1, 8, 2, 1, F16, 1, 128 ** -0.5, 0.0, 0.0),
+    (64, 259, 32, 4, 1, 1, F16, 32, 0.125, 0.0, 0.0),
+    (64, 7, 5, 6, 6, 1, F32, 5, 0.125, 8.0, 0.0),
+    (64, 7, 5, 4, 2, 2, F32, 8, 1.0, 0.0, 50.0),
+    (40, 9, 5, 4, 2, 1, F16, 5, 40 ** -0.5, 0.0, 0.0),
+]
+
+
+@pytest.mark.parametrize("d, n_kv, n_q, n_head, n_head_kv, ne3, kv, m1, scale, max_bias, softcap", _FA_PARITY,
+                         ids=[f"d{p[0]}-kv{p[1]}-q{p[2]}-h{p[3]}/{p[4]}-ne3{p[5]}-{p[6].name}-mb{p[9]}-cap{p[10]}"
+                              for p in _FA_PARITY])
+def test_flash_attn_ext_parity_with_libggml(d, n_kv, n_q, n_head, n_head_kv, ne3, kv, m1, scale, max_bias, softcap,
+                                            cpu):
+    from lazyggml.op_cases import FLASH_ATTN_NMSE
+    gg = _ggml()
+    if not hasattr(gg, "ggml_flash_attn_ext"):
+        pytest.skip("this ggml-python has no ggml_flash_attn_ext")
+    rng = np.random.default_rng(SEED)
+    np_kv = np.float16 if kv == F16 else np.float32
+    visible = np.arange(n_kv) <= n_kv - n_q + np.arange(m1)[:, None]      # causal: the batch is the last n_q cells
+    mask = np.where(visible, rng.uniform(-1.0, 0.0, (ne3, m1, n_kv)), -np.inf)
+    specs = [f32(d, n_q, n_head, ne3), (kv, (d, n_kv, n_head_kv, ne3)), (kv, (d, n_kv, n_head_kv, ne3)),
+             (F16, (n_kv, m1, 1, ne3))]
+    datas = [rng.uniform(-1, 1, (ne3, n_head, n_q, d)).astype(np.float32),
+             rng.uniform(-1, 1, (ne3, n_head_kv, n_kv, d)).astype(np_kv),
+             rng.uniform(-1, 1, (ne3, n_head_kv, n_kv, d)).astype(np_kv), mask.astype(np.float16)]
+    got = run_lazyggml(specs, datas, lambda q, k, v, m: lg.flash_attn_ext(q, k, v, m, scale, max_bias, softcap), cpu)
+    want = run_libggml(specs, datas, lambda g, c, q, k, v, m: g.ggml_flash_attn_ext(c, q, k, v, m, scale, max_bias,
+                                                                                    softcap))
+    a, b = got.view(np.float32).astype(np.float64), want.view(np.float32).astype(np.float64)
+    limit = FLASH_ATTN_NMSE if kv == F16 else 1e-12
+    assert nmse(a, b) < limit, f"NMSE {nmse(a, b):.2e} vs libggml (seed {SEED})"
+
+
+def test_flash_attn_ext_op_params_and_precision(cpu):
+    """op_params are GGML's: scale, max_bias, logit_softcap (the caller's scale, not divided by the
+    soft cap), then the precision, which ``flash_attn_ext_set_prec`` rewrites (GGML_PREC_F32 = 10)."""
+    ctx = lg.Context()
+    q, k, v = ctx.new_tensor_3d(F32, 64, 5, 4), ctx.new_tensor_3d(F16, 64, 7, 2), ctx.new_tensor_3d(F16, 32, 7, 2)
+    mask = ctx.new_tensor_2d(F16, 7, 5)
+    out = lg.flash_attn_ext(q, k, v, mask, 0.125, 8.0, 50.0)
+    assert out.op == lg.Op.FLASH_ATTN_EXT and out.type == F32 and out.ne == (32, 4, 5, 1)
+    assert out.src[:5] == [q, k, v, mask, None]
+    assert out.op_params == (0.125, 8.0, 50.0, 0) == tuple(lg.flash_attn_params(out))
+    assert (lg.PREC_DEFAULT, lg.PREC_F32) == (_ggml().GGML_PREC_DEFAULT, _ggml().GGML_PREC_F32) == (0, 10)
+    lg.flash_attn_ext_set_prec(out, lg.PREC_F32)
+    assert lg.flash_attn_params(out) == lg.FlashAttnParams(0.125, 8.0, 50.0, 10)
+    with pytest.raises(ValueError, match="precision 3"):
+        lg.flash_attn_ext_set_prec(out, 3)
+    assert lg.Op.FLASH_ATTN_EXT not in lg.ops.RESERVED_OPS and cpu.device.supports_op(out)

@@ -266,6 +266,28 @@ for k in kernels:
         from numba import cuda
         return len(cuda.gpus) if HAVE_GPU else 0
 
+    @gpu
+    def test_gpu_model_with_flash_attention_gives_the_cpu_logits(tmp_path):
+        """Every layer on CUDA0 with flash attention (on by default; decode replayed from a CUDA graph
+        with its inputs uploaded asynchronously) against the unfused attention on the GPU (the same
+        products; 8-bit activations turn last-bit differences into 1e-5) and on the CPU: prompt
+        micro-batches, then decode steps past a KV_PAD boundary."""
+        import lazyggml as lg
+        from lazyggml.testing import make_tiny_llama
+        path = str(tmp_path / "m.gguf")
+        make_tiny_llama(path, n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=300,
+                        n_ctx=512, seed=5)
+        toks = np.random.default_rng(6).integers(0, 300, 280).tolist()
+        out = {}
+        for ngl, fa in ((0, None), (99, False), (99, None)):
+            model = lg.load_model(path, n_gpu_layers=ngl, device="CUDA0", n_batch=64, flash_attn=fa)
+            assert model.flash_attn == (ngl > 0 and fa is None)
+            out[ngl, fa] = np.concatenate([model.eval(toks[:240])] + [model.eval([t]) for t in toks[240:]])
+        assert nmse(out[99, None], out[99, False]) <= 1e-4   # Q8_1 steps amplify last bits (test_llama)
+        # the CPU rounds activations to Q8_K, the GPU to Q8_1; a wrong cell or a stale input would
+        # give errors of order 1
+        assert nmse(out[99, None], out[0, None]) <= 1e-2
+
     @pytest.mark.skipif(not HAVE_GPU or _n_gpus() < 2, reason="needs two CUDA GPUs")
     def test_gpu_model_split_over_two_gpus(tmp_path):
         """A random model with its layers over CUDA0 and CUDA1 (pipeline-parallel, peer copies)
@@ -428,6 +450,41 @@ if CHILD:
             s.graph_compute(g)
             assert [sp.backend_id for sp in s.splits] == [0, 1]
             assert np.array_equal(lg.tensor_get(out)[0, 0], (xv + w0) * w1)
+
+    def test_sim_fused_norm_and_shared_activations(be, rng, monkeypatch):
+        """``mul(rms_norm(x), w)`` runs as one launch, and two products of its result quantize it
+        once; an in-place op that overwrites the activations makes the next product quantize
+        again. The results are the unfused ones (float64 reference, Q4_K's band)."""
+        import lazyggml as lg
+        from lazyggml.alloc import alloc_ctx_tensors
+        from lazyggml.backends.cuda import ops as cops
+        from lazyggml.backends.cuda.table import FORWARD
+        calls = []
+        real = cops.launch_quantize_q8_1
+        monkeypatch.setattr(cops, "launch_quantize_q8_1", lambda *a: calls.append(1) or real(*a))
+        ctx = lg.Context()
+        x, w = ctx.new_tensor_2d(lg.F32, 256, 1), ctx.new_tensor_1d(lg.F32, 256)
+        wa, wb = ctx.new_tensor_2d(lg.Q4_K, 256, 32), ctx.new_tensor_2d(lg.Q4_K, 256, 32)
+        h = lg.mul(lg.rms_norm(x, 1e-5), w)
+        ya, yb = lg.mul_mat(wa, h), lg.mul_mat(wb, h)
+        h2 = lg.scale_inplace(h, 2.0)
+        yc = lg.mul_mat(wa, h2)
+        g = lg.Graph()
+        for t in (ya, yb, h2, yc):
+            lg.build_forward_expand(g, t)
+        alloc_ctx_tensors(ctx, be)
+        X, W = rng.uniform(-1, 1, (1, 256)).astype(np.float32), rng.uniform(0.5, 1.5, 256).astype(np.float32)
+        (ab, A), (bb, B) = random_weights(lg, lg.Q4_K, 32, 256, rng), random_weights(lg, lg.Q4_K, 32, 256, rng)
+        for t, v in ((x, X), (w, W), (wa, ab), (wb, bb)):
+            lg.tensor_set(t, v)
+        be.graph_compute(g)
+        be.synchronize()
+        runs = FORWARD.plan(g).state[be].runs
+        assert [fn.__name__ for fn, _ in runs][:1] == ["norm_mul_op"] and len(runs) == len(FORWARD.plan(g).nodes) - 1
+        assert len(calls) == 2                               # ya and yb share one; yc after the scale
+        H = X.astype(np.float64) / np.sqrt(np.mean(X.astype(np.float64) ** 2) + 1e-5) * W
+        for y, ref in ((ya, H @ A.T), (yb, H @ B.T), (yc, 2 * H @ A.T)):
+            assert nmse(lg.tensor_get(y)[0, 0], ref[0]) <= QUANT_NMSE
 
     def test_sim_device_functions_run_as_plain_python_unless_they_use_cuda():
         """Under the simulator, a device function that never touches ``cuda`` (itself or through

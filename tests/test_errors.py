@@ -105,6 +105,58 @@ def test_shape_errors_name_the_op_and_operands():
         lg.mul_mat(a, b)
 
 
+def _fa_operands(q_type=F32, kv_type=F16, n_head_kv=2):
+    ctx = lg.Context()
+    q, k, v = (ctx.new_tensor_3d(q_type, 64, 5, 4), ctx.new_tensor_3d(kv_type, 64, 7, n_head_kv),
+               ctx.new_tensor_3d(kv_type, 64, 7, n_head_kv))
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        lg.set_name(t, name)
+    return ctx, q, k, v
+
+
+@pytest.mark.parametrize("build, error, why", [
+    (lambda ctx, q, k, v: lg.flash_attn_ext(lg.cpy(q, ctx.new_tensor_3d(F16, 64, 5, 4)), k, v),
+     lg.TensorTypeError, "q must be F32"),
+    (lambda ctx, q, k, v: lg.flash_attn_ext(q, k, lg.cpy(v, ctx.new_tensor_3d(F32, 64, 7, 2))),
+     lg.TensorTypeError, "k must be F16 or F32 and v of k's type"),
+    (lambda ctx, q, k, v: lg.flash_attn_ext(q, ctx.new_tensor_3d(I32, 64, 7, 2), v),
+     lg.TensorTypeError, "i32 input"),
+    (lambda ctx, q, k, v: lg.flash_attn_ext(q, k, v, ctx.new_tensor_2d(I32, 7, 5)),
+     lg.TensorTypeError, "mask must be F16 or F32"),
+    (lambda ctx, q, k, v: lg.flash_attn_ext(q, ctx.new_tensor_3d(F16, 64, 7, 3), ctx.new_tensor_3d(F16, 64, 7, 3)),
+     lg.ShapeError, r"multiples of k's \(GQA broadcast\)"),
+    (lambda ctx, q, k, v: lg.flash_attn_ext(q, ctx.new_tensor_3d(F16, 32, 7, 2), v),
+     lg.ShapeError, "same head size"),
+    (lambda ctx, q, k, v: lg.flash_attn_ext(q, k, ctx.new_tensor_3d(F16, 64, 6, 2)),
+     lg.ShapeError, "v must match k"),
+    (lambda ctx, q, k, v: lg.flash_attn_ext(q, k, v, ctx.new_tensor_2d(F16, 7, 4)),
+     lg.ShapeError, r"ne\[1\] >= n_q"),
+    (lambda ctx, q, k, v: lg.flash_attn_ext(q, k, v, ctx.new_tensor_2d(F16, 8, 5)),
+     lg.ShapeError, r"ne\[0\] = n_kv"),
+    (lambda ctx, q, k, v: lg.flash_attn_ext(q, k, v, ctx.new_tensor_3d(F16, 7, 5, 3)),
+     lg.ShapeError, "mask dims 2, 3 must divide q's"),
+    (lambda ctx, q, k, v: lg.flash_attn_ext(q, k, v, None, 0.125, 8.0),
+     lg.ShapeError, r"ALiBi \(max_bias > 0\) needs a mask"),
+])
+def test_flash_attn_ext_errors_name_the_op_and_operands_when_built(build, error, why):
+    ctx, q, k, v = _fa_operands()
+    with pytest.raises(error, match=why) as e:
+        build(ctx, q, k, v)
+    assert str(e.value).startswith("flash_attn_ext: ") and "[64, 5, 4, 1]" in str(e.value), str(e.value)   # q
+
+
+def test_flash_attn_ext_takes_views_with_packed_rows_only():
+    """K and V may be strided views of a cache (the model's case), q a permuted tensor; a view whose
+    rows are not packed (a transposed one) is refused when built."""
+    ctx, q, k, v = _fa_operands()
+    cache = ctx.new_tensor_2d(F16, 128, 32)
+    kv = lg.permute(lg.view_3d(cache, 64, 2, 7, 128, cache.nb[1], 0), 0, 2, 1, 3)   # [64, 7, 2], strided
+    qp = lg.permute(ctx.new_tensor_3d(F32, 64, 4, 5), 0, 2, 1, 3)                     # [64, 5, 4]
+    assert lg.flash_attn_ext(qp, kv, kv, ctx.new_tensor_2d(F16, 7, 5)).ne == (64, 4, 5, 1)
+    with pytest.raises(lg.ShapeError, match=r"flash_attn_ext: q, k and v rows \(dim 0\) must be packed"):
+        lg.flash_attn_ext(lg.transpose(ctx.new_tensor_2d(F32, 5, 64)), k, v)
+
+
 def test_unnamed_tensors_are_described_not_shown_as_empty_quotes():
     ctx = lg.Context()
     a = ctx.new_tensor_1d(F32, 4)

@@ -159,6 +159,24 @@ def test_a_model_larger_than_free_memory_is_refused_before_anything_is_allocated
     assert err.count("\n") == 1 and "lazyggml: error:" in err and "KiB free" in err
 
 
+def test_flash_attention_gives_the_unfused_logits(tiny):
+    """flash_attn=True (FLASH_ATTN_EXT over a V cache stored like K) matches the float64 reference
+    and the unfused path, through a prefill and decode steps; by default the CPU keeps the unfused
+    path; a backend that cannot run the node is refused by name."""
+    path, hp, w, tol = tiny
+    toks = _tokens(14, hp.n_vocab, SEED + 3)
+    fused = lg.load_model(path, flash_attn=True)
+    assert fused.flash_attn and fused.v_cache[0].ne[:2] == (hp.n_embd_v_gqa, fused.n_ctx)
+    got = np.concatenate([fused.eval(toks[:9])] + [fused.eval([t]) for t in toks[9:]])
+    assert _nmse(got, reference_logits(hp, w, toks)) < tol, f"seed {SEED}"
+    plain = lg.load_model(path)
+    assert not plain.flash_attn
+    assert _nmse(got, plain.eval(toks)) < tol, f"seed {SEED}"
+    if lg.dev_by_name("OpenCL0") is not None:   # the OpenCL backend has no FLASH_ATTN_EXT kernel yet
+        with pytest.raises(ValueError, match="flash attention: the OpenCL0 backend cannot run FLASH_ATTN_EXT"):
+            lg.load_model(path, n_gpu_layers=99, device="OpenCL0", flash_attn=True)
+
+
 def _opencl_device():
     dev = lg.dev_by_name("OpenCL0")
     if dev is None:
@@ -276,7 +294,9 @@ def test_logits_split_over_two_devices(two_layer_model, deferred):
     ref = [cpu.eval(toks, logits_all=False)] + [cpu.eval([t]) for t in toks[:3]]
     devs = [StandInDevice("DEV0", deferred), StandInDevice("DEV1", deferred)]
     assert lg.load_model(two_layer_model, n_gpu_layers=3, device=devs).n_batch == 256   # N_BATCH_GPU, capped
-    model = lg.load_model(two_layer_model, n_gpu_layers=3, device=devs, n_batch=64)   # three micro-batches
+    # three micro-batches; the CPU's attention (stand-ins run CPU kernels, and would take the fused
+    # attention as GPU-class devices: another rounding of the same values)
+    model = lg.load_model(two_layer_model, n_gpu_layers=3, device=devs, n_batch=64, flash_attn=False)
     assert [b.name for b in model.backends] == ["DEV0", "DEV1", "CPU"]
     assert [b.name for b in model.layer_backends] == ["DEV0", "DEV0", "DEV1"]   # 0, 1/3 | 2/3
     assert model.sched.n_copies == (4 if deferred else 1)

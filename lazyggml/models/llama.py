@@ -13,9 +13,14 @@ One forward pass over a micro-batch of tokens, as llama.cpp's ``build_llama`` bu
         x = x + w_down @ (silu(w_gate @ h) * (w_up @ h))
     logits = output @ (rms_norm(x) * output_norm)
 
-The V cache is stored transposed, as llama.cpp's without flash attention (``v_trans``): row j
-holds element j of every cell, so ``v_cache^T @ kq`` reads the window's rows in place instead of
-transposing the whole window at every step; a token's values are written as single elements.
+With **flash attention** (``flash_attn``; by default on when every layer sits on a GPU-class
+device that runs ``FLASH_ATTN_EXT``, as llama.cpp's ``-fa auto``) the three attention lines are
+one ``flash_attn_ext(q, k_cache, v_cache, mask)`` node that reads the window's cells once and
+never writes the scores; V is stored like K, a row per cell. The CPU keeps the unfused path (its
+reference FLASH_ATTN_EXT kernel is not tuned yet). Without it, the V cache is stored transposed,
+as llama.cpp's without flash attention (``v_trans``): row j holds element j of every cell, so
+``v_cache^T @ kq`` reads the window's rows in place instead of transposing the whole window at
+every step; a token's values are written as single elements.
 
 Weights are loaded once into ``WEIGHTS`` buffers of the device that should compute with them
 (``n_gpu_layers``: the last N layers, and with N above the layer count the output too; over
@@ -156,7 +161,7 @@ class LlamaModel:
     """A loaded LLaMA-architecture GGUF model with its KV cache (``lg.load_model``)."""
 
     def __init__(self, path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
-                 tensor_split=None, n_batch=None):
+                 tensor_split=None, n_batch=None, flash_attn=None):
         t0 = time.perf_counter()
         self.path = str(path)
         self.file = read_gguf(path)
@@ -214,14 +219,16 @@ class LlamaModel:
                 data = dequantize(info.type, data, info.ne[0])
             tensor_set(self.w[name], data)
 
-        # the KV cache on the layer's device: K has an F16 row of n_embd_k_gqa per cell, V an F16
-        # row of n_ctx cells per element (transposed)
+        self.flash_attn = self._pick_flash_attn(flash_attn)
+        # the KV cache on the layer's device: K has an F16 row of n_embd_k_gqa per cell, V too with
+        # flash attention, else an F16 row of n_ctx cells per element (transposed)
         kv_ctxs = {}
         self.k_cache, self.v_cache = [], []
         for il in range(hp.n_layer):
             ctx = kv_ctxs.setdefault(backend_of(f"blk.{il}."), Context())
             k = ctx.new_tensor_2d(Type.F16, hp.n_embd_k_gqa, self.n_ctx)
-            v = ctx.new_tensor_2d(Type.F16, self.n_ctx, hp.n_embd_v_gqa)
+            v = (ctx.new_tensor_2d(Type.F16, hp.n_embd_v_gqa, self.n_ctx) if self.flash_attn else
+                 ctx.new_tensor_2d(Type.F16, self.n_ctx, hp.n_embd_v_gqa))
             k.name, v.name = f"cache_k_l{il}", f"cache_v_l{il}"
             self.k_cache.append(k)
             self.v_cache.append(v)
@@ -252,6 +259,25 @@ class LlamaModel:
         self.load_time = time.perf_counter() - t0
 
     # -- the graph ----------------------------------------------------------------------------------
+    def _pick_flash_attn(self, want):
+        """Flash attention on (``True``), off (``False``) or, for ``None``, on exactly when every layer
+        is on a GPU-class device whose backend runs this model's FLASH_ATTN_EXT node."""
+        hp = self.hp
+        ctx = Context()
+        q = ctx.new_tensor_3d(Type.F32, hp.n_embd_head_k, 1, hp.n_head)
+        k = ctx.new_tensor_3d(Type.F16, hp.n_embd_head_k, KV_PAD, hp.n_head_kv)
+        v = ctx.new_tensor_3d(Type.F16, hp.n_embd_head_k, KV_PAD, hp.n_head_kv)
+        node = ops.flash_attn_ext(q, k, v, ctx.new_tensor_2d(Type.F32, KV_PAD, 1), 1.0)
+        layers = self.layer_backends[:-1]
+        runs = all(b.supports_op(node) for b in layers)
+        if want is None:
+            return runs and all(b.device.type != DeviceType.CPU for b in layers)
+        if want and not runs:
+            bad = next(b for b in layers if not b.supports_op(node))
+            raise ValueError(f"flash attention: the {bad.name} backend cannot run {op_desc(node)} for this "
+                             f"model's heads ({hp.n_embd_head_k} x {hp.n_head}/{hp.n_head_kv})")
+        return bool(want)
+
     def _load_type(self, name, info, backend):
         """The type weight ``name`` is loaded as: its file type when ``backend`` runs the node the
         graph makes of it (``_weight_use``); else, for a 1-D F16/BF16 weight (a norm), F32, which
@@ -291,12 +317,13 @@ class LlamaModel:
             tokens = ctx.new_tensor_1d(Type.I32, n_tokens)
             pos = ctx.new_tensor_1d(Type.I32, n_tokens)
             kv_idxs = ctx.new_tensor_1d(Type.I64, n_tokens)
-            v_idxs = ctx.new_tensor_1d(Type.I64, n_tokens * hp.n_embd_v_gqa)
+            v_idxs = None if self.flash_attn else ctx.new_tensor_1d(Type.I64, n_tokens * hp.n_embd_v_gqa)
             kq_mask = ctx.new_tensor_2d(Type.F32, n_kv, n_tokens)
             for t, name in ((tokens, "inp_tokens"), (pos, "inp_pos"), (kv_idxs, "inp_kv_idxs"),
                             (v_idxs, "inp_v_idxs"), (kq_mask, "inp_kq_mask")):
-                t.name = name
-                set_input(t)
+                if t is not None:
+                    t.name = name
+                    set_input(t)
             g = Graph(self.sched.graph_size)
             hd, n_head, n_head_kv = hp.n_embd_head_k, hp.n_head, hp.n_head_kv
             ext_factor = 1.0 if hp.rope_scaling_type == "yarn" else 0.0
@@ -316,16 +343,23 @@ class LlamaModel:
                 # write this batch's keys and values into their cache cells before attention reads them
                 kc, vc = self.k_cache[il], self.v_cache[il]
                 g.build_forward_expand(ops.set_rows(kc, ops.reshape_2d(k, hp.n_embd_k_gqa, n_tokens), kv_idxs))
-                # V transposed: every element is a row of one (v_idxs: element j of token t goes
-                # to cell pos_t of row j)
-                g.build_forward_expand(ops.set_rows(ops.reshape_2d(vc, 1, vc.ne[0] * vc.ne[1]),
-                                                    ops.reshape_2d(v, 1, hp.n_embd_v_gqa * n_tokens), v_idxs))
-                kv = ops.view_3d(kc, hd, n_head_kv, n_kv, kc.nb[1] // n_head_kv, kc.nb[1], 0)
-                vt = ops.view_3d(vc, n_kv, hd, n_head_kv, vc.nb[1], vc.nb[1] * hd, 0)   # [n_kv, hd, n_head_kv]
-                kq = ops.mul_mat(ops.permute(kv, 0, 2, 1, 3), ops.permute(q, 0, 2, 1, 3))
-                kq = ops.soft_max_ext(kq, kq_mask, 1.0 / math.sqrt(hd), 0.0)
-                kqv = ops.mul_mat(vt, kq)                             # [hd, n_tokens, n_head]
-                attn = ops.cont_2d(ops.permute(kqv, 0, 2, 1, 3), hd * n_head, n_tokens)
+                if self.flash_attn:
+                    g.build_forward_expand(ops.set_rows(vc, ops.reshape_2d(v, hp.n_embd_v_gqa, n_tokens), kv_idxs))
+                    k3 = ops.view_3d(kc, hd, n_kv, n_head_kv, kc.nb[1], kc.nb[1] // n_head_kv, 0)
+                    v3 = ops.view_3d(vc, hd, n_kv, n_head_kv, vc.nb[1], vc.nb[1] // n_head_kv, 0)
+                    fa = ops.flash_attn_ext(ops.permute(q, 0, 2, 1, 3), k3, v3, kq_mask, 1.0 / math.sqrt(hd))
+                    attn = ops.reshape_2d(fa, hd * n_head, n_tokens)          # [hd, n_head, n_tokens]
+                else:
+                    # V transposed: every element is a row of one (v_idxs: element j of token t goes
+                    # to cell pos_t of row j)
+                    g.build_forward_expand(ops.set_rows(ops.reshape_2d(vc, 1, vc.ne[0] * vc.ne[1]),
+                                                        ops.reshape_2d(v, 1, hp.n_embd_v_gqa * n_tokens), v_idxs))
+                    kv = ops.view_3d(kc, hd, n_head_kv, n_kv, kc.nb[1] // n_head_kv, kc.nb[1], 0)
+                    vt = ops.view_3d(vc, n_kv, hd, n_head_kv, vc.nb[1], vc.nb[1] * hd, 0)   # [n_kv, hd, n_head_kv]
+                    kq = ops.mul_mat(ops.permute(kv, 0, 2, 1, 3), ops.permute(q, 0, 2, 1, 3))
+                    kq = ops.soft_max_ext(kq, kq_mask, 1.0 / math.sqrt(hd), 0.0)
+                    kqv = ops.mul_mat(vt, kq)                             # [hd, n_tokens, n_head]
+                    attn = ops.cont_2d(ops.permute(kqv, 0, 2, 1, 3), hd * n_head, n_tokens)
                 x = ops.add(ops.mul_mat(w[b + "attn_output.weight"], attn), x)
                 h = ops.mul(ops.rms_norm(x, hp.f_norm_rms_eps), w[b + "ffn_norm.weight"])
                 ff = ops.swiglu_split(ops.mul_mat(w[b + "ffn_gate.weight"], h), ops.mul_mat(w[b + "ffn_up.weight"], h))
@@ -384,7 +418,8 @@ class LlamaModel:
         tensor_set(tokens, np.asarray(batch, np.int32))
         tensor_set(pos, positions.astype(np.int32))
         tensor_set(kv_idxs, positions.astype(np.int64))
-        tensor_set(v_idxs, (positions[:, None] + self.n_ctx * np.arange(self.hp.n_embd_v_gqa)).astype(np.int64))
+        if v_idxs is not None:
+            tensor_set(v_idxs, (positions[:, None] + self.n_ctx * np.arange(self.hp.n_embd_v_gqa)).astype(np.int64))
         # causal mask: token i sees cells 0..n_past+i
         mask = np.where(np.arange(n_kv)[None, :] <= positions[:, None], 0.0, -np.inf).astype(np.float32)
         tensor_set(kq_mask, mask)
@@ -446,13 +481,14 @@ class LlamaModel:
 
 
 def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
-               tensor_split=None, n_batch=None):
+               tensor_split=None, n_batch=None, flash_attn=None):
     """Load a LLaMA-family GGUF file (``lg.GGUFError`` if it is malformed or unsupported).
 
     ``n_gpu_layers``: offload the last N layers (above the layer count, the output too) to
     ``device`` (a name, comma-separated names, or devices; default every GPU of the first GPU
     registry), split by ``tensor_split`` ratios or else by free memory (``split_layers``).
     ``n_batch``: tokens per prefill micro-batch (default ``N_BATCH``, or ``N_BATCH_GPU`` when every
-    layer is on a GPU)."""
-    return LlamaModel(path, n_gpu_layers=n_gpu_layers, device=device, n_ctx=n_ctx,
-                      n_threads=n_threads, progress=progress, tensor_split=tensor_split, n_batch=n_batch)
+    layer is on a GPU). ``flash_attn``: fused attention (``FLASH_ATTN_EXT``) on, off, or by default
+    on when every layer is on a GPU-class device that runs it."""
+    return LlamaModel(path, n_gpu_layers=n_gpu_layers, device=device, n_ctx=n_ctx, n_threads=n_threads,
+                      progress=progress, tensor_split=tensor_split, n_batch=n_batch, flash_attn=flash_attn)

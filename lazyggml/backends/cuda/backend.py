@@ -74,6 +74,7 @@ class CUDABuffer(Buffer):
                 self.dev = _cuda().device_array(max(self.size, 1), np.uint8)
             except Exception as e:    # numba-cuda's CudaAPIError (CUDA_ERROR_OUT_OF_MEMORY), or MemoryError
                 raise OutOfMemoryError(f"{buft.name}: cannot allocate {self.size} bytes: {e}") from None
+        self.ptr = None if simulated() else int(self.dev.device_ctypes_pointer.value)   # for raw copies
 
     def view(self, offset, nbytes, dtype, cols=None):
         """Bytes ``offset .. offset+nbytes`` as a flat ``dtype`` array, or 2-D with ``cols`` columns."""
@@ -97,13 +98,27 @@ class CUDABuffer(Buffer):
         return out
 
     def set_tensor(self, t, data, offset, size):
-        start = t.offset + offset
         host = np.ascontiguousarray(data[:size])
-        self._sync_copy(lambda s: self.dev[start:start + size].copy_to_device(host, stream=s))
+        if simulated():
+            start = t.offset + offset
+            self._sync_copy(lambda s: self.dev[start:start + size].copy_to_device(host, stream=s))
+            return
+        dev = self.buft.device
+        with dev.context():
+            h = _cu_stream(dev.transfer_stream())
+            _raw_upload(self.ptr + t.offset + offset, host, h)
+            _raw_sync(h)
 
     def get_tensor(self, t, offset, size):
-        start = t.offset + offset
-        return self._sync_copy(lambda s: self.dev[start:start + size].copy_to_host(stream=s))
+        if simulated():
+            start = t.offset + offset
+            return self._sync_copy(lambda s: self.dev[start:start + size].copy_to_host(stream=s))
+        dev = self.buft.device
+        with dev.context():
+            h = _cu_stream(dev.transfer_stream())
+            out = _raw_download(self.ptr + t.offset + offset, size, h)
+            _raw_sync(h)
+        return out
 
     def memset_tensor(self, t, value, offset, size):
         self.set_tensor(t, np.full(size, value, np.uint8), offset, size)
@@ -223,6 +238,9 @@ class CUDABackend(Backend):
         self._captured = OrderedDict()  # id -> _Replay holding a captured graph, least recently used first
         self._scratch_epoch = 0         # bumped when a work area moves: captured graphs hold its address
         self._capturing = False
+        # (kind, tensor, bytes) of the activations quantized in the "q8" work area, for reuse by the
+        # next product of the same tensor in this run (cuda/ops.py's MUL_MAT); None when stale
+        self.q8_of = None
         self.use_graphs = not simulated() and os.environ.get("LAZYGGML_CUDA_GRAPHS", "1") != "0"
 
     # -- what the kernels' glue uses
@@ -254,21 +272,21 @@ class CUDABackend(Backend):
     # -- interface
     def graph_compute(self, g):
         gp = FORWARD.plan(g)
+        st = gp.state.get(self)
         with self.device.context():
-            if not self.use_graphs:
-                self._run(gp.nodes)
-                return Status.SUCCESS
-            st = gp.state.get(self)
             if st is None:              # first run: eager, which also compiles every kernel
-                gp.state[self] = _Replay()
-                self._run(gp.nodes)
+                from .ops import fuse       # loaded with the kernels (FORWARD.load), never before
+                st = gp.state[self] = _Replay(fuse(gp.nodes, g))
+                self._run(st.runs)
+            elif not self.use_graphs:
+                self._run(st.runs)
             elif st.graph is None or st.scratch_epoch != self._scratch_epoch:
                 from .graphs import capture    # second run (or work areas moved): capture
                 if st.graph is not None:
                     st.graph.free()
                 self._capturing = True
                 try:
-                    st.graph = capture(self.stream, lambda: self._run(gp.nodes))
+                    st.graph = capture(self.stream, lambda: self._run(st.runs))
                 finally:
                     self._capturing = False
                 st.scratch_epoch = self._scratch_epoch
@@ -282,7 +300,11 @@ class CUDABackend(Backend):
         return Status.SUCCESS
 
     def _run(self, nodes):
+        self.q8_of = None
         for fn, node in nodes:
+            q8 = self.q8_of
+            if q8 is not None and _overlaps(node, q8[1]):   # its activations are being overwritten
+                self.q8_of = None
             fn(self, node)
 
     def _drop_graphs(self):
@@ -294,13 +316,20 @@ class CUDABackend(Backend):
     # one backend right after another's.
     def synchronize(self):
         with self.device.context():
-            self.stream.synchronize()
+            if simulated():
+                self.stream.synchronize()
+            else:
+                _raw_sync(_cu_stream(self.stream))
+
+    host_copy_snapshots = True   # uploads from pageable memory are staged before the call returns
 
     def set_tensor_async(self, t, data, offset, size):
-        start = t.offset + offset
+        host = np.ascontiguousarray(data[:size])
         with self.device.context():
-            dev = t.data_buffer().dev[start:start + size]
-            dev.copy_to_device(np.ascontiguousarray(data[:size]), stream=self.stream)
+            if simulated():
+                t.data_buffer().view(t.offset + offset, size, np.uint8).copy_to_device(host, stream=self.stream)
+            else:
+                _raw_upload(t.data_buffer().ptr + t.offset + offset, host, _cu_stream(self.stream))
 
     def get_tensor_async(self, t, offset, size):
         start = t.offset + offset
@@ -342,6 +371,42 @@ class CUDABackend(Backend):
         self._drop_graphs()
 
 
+# The per-token path (input uploads, the logits' download, stream waits) calls the driver through
+# cuda.bindings: numba's wrappers look the current context up at every call, several driver calls
+# and ~30 µs of host time per copy.
+_cu_streams = {}
+
+
+def _cu_stream(stream):
+    """The driver handle of a numba stream (cached)."""
+    h = _cu_streams.get(id(stream))
+    if h is None or h[0] is not stream:
+        from cuda.bindings import driver as drv
+        h = _cu_streams[id(stream)] = (stream, drv.CUstream(int(stream.handle)))
+    return h[1]
+
+
+def _raw_upload(dev_ptr, host, stream):
+    """Queue ``host`` (contiguous, pageable: staged before the call returns) to ``dev_ptr``."""
+    from cuda.bindings import driver as drv
+    from .graphs import _check
+    _check(drv.cuMemcpyHtoDAsync(drv.CUdeviceptr(dev_ptr), host.ctypes.data, host.nbytes, stream), "cuMemcpyHtoDAsync")
+
+
+def _raw_download(dev_ptr, nbytes, stream):
+    from cuda.bindings import driver as drv
+    from .graphs import _check
+    out = np.empty(nbytes, np.uint8)
+    _check(drv.cuMemcpyDtoHAsync(out.ctypes.data, drv.CUdeviceptr(dev_ptr), nbytes, stream), "cuMemcpyDtoHAsync")
+    return out
+
+
+def _raw_sync(stream):
+    from cuda.bindings import driver as drv
+    from .graphs import _check
+    _check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+
 def _peer_copy(dst, dst_dev, src, src_dev, nbytes, stream):
     """``nbytes`` from ``src`` (on ``src_dev``) to ``dst`` (on ``dst_dev``), queued on ``stream``."""
     from cuda.bindings import driver as drv
@@ -353,14 +418,20 @@ def _peer_copy(dst, dst_dev, src, src_dev, nbytes, stream):
                                  nbytes, drv.CUstream(int(stream.handle))), "cuMemcpyPeerAsync")
 
 
+def _overlaps(a, b):
+    """Do tensors ``a`` and ``b`` share bytes?"""
+    ba, bb = a.data_buffer(), b.data_buffer()
+    return ba is bb and a.offset < b.offset + b.nbytes() and b.offset < a.offset + a.nbytes()
+
+
 class _Replay:
-    """A graph's CUDA-graph state on one backend, kept in its ``GraphPlan``: None until the second
-    run captures it, and the work-area epoch it was captured under."""
+    """What this backend keeps in a graph's ``GraphPlan``: the run list (``ops.fuse``), the CUDA
+    graph (None until the second run captures it) and the work-area epoch it was captured under."""
 
-    __slots__ = ("graph", "scratch_epoch")
+    __slots__ = ("runs", "graph", "scratch_epoch")
 
-    def __init__(self):
-        self.graph, self.scratch_epoch = None, -1
+    def __init__(self, runs):
+        self.runs, self.graph, self.scratch_epoch = runs, None, -1
 
     def drop(self):
         if self.graph is not None:

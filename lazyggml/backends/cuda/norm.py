@@ -3,7 +3,8 @@
 ``rms_norm``: ``y = x · rsqrt(mean(x²) + eps)``. ``norm``: ``y = (x − mean) · rsqrt(var + eps)``
 with the variance summed over ``(x − mean)²`` (two reductions, as GGML's CPU code does). A row is
 read with stride 1 (``nb[0]`` = 4) and any row strides; 32 threads for rows under 1024 values,
-else 256 (``row_block_size``).
+else 256 (``row_block_size``). With a weight row ``w`` the kernel also multiplies by it: the
+backend's fusion of ``mul(rms_norm(x), w)`` (``ops.fuse``).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from .common import jit_kernel, F32_ZERO, block_reduce_sum, row_block_size, row_
 
 
 @jit_kernel()
-def norm_rows(rms, x, dst, ne0, ne1, ne2, nrows, s1, s2, s3, sd1, sd2, sd3, eps):
+def norm_rows(rms, x, dst, ne0, ne1, ne2, nrows, s1, s2, s3, sd1, sd2, sd3, eps, w, has_w):
     tid = cuda.threadIdx.x
     part = cuda.shared.array(32, numba.float32)
     n = np.float32(ne0)
@@ -38,13 +39,19 @@ def norm_rows(rms, x, dst, ne0, ne1, ne2, nrows, s1, s2, s3, sd1, sd2, sd3, eps)
             sq += v * v
         scale = rsqrtf(block_reduce_sum(sq, part) / n + eps)
         for k in range(tid, ne0, cuda.blockDim.x):
-            dst[db + k] = (x[xb + k] - mean) * scale
+            if has_w:
+                dst[db + k] = ((x[xb + k] - mean) * scale) * w[k]
+            else:
+                dst[db + k] = (x[xb + k] - mean) * scale
 
 
-def launch_norm(stream, rms, x, dst, src, dst_t, eps):
+def launch_norm(stream, rms, x, dst, src, dst_t, eps, w=None):
+    """``w``: a weight row to multiply by in the same pass (the fused ``mul(rms_norm(x), w)``; the
+    same float32 operations as the two nodes, so the same bits)."""
     ne = src.ne
     s = [nb // 4 for nb in src.nb]
     sd = [nb // 4 for nb in dst_t.nb]
     nrows = ne[1] * ne[2] * ne[3]
     norm_rows[row_grid(nrows), row_block_size(ne[0]), stream](
-        rms, x, dst, ne[0], ne[1], ne[2], nrows, s[1], s[2], s[3], sd[1], sd[2], sd[3], np.float32(eps))
+        rms, x, dst, ne[0], ne[1], ne[2], nrows, s[1], s[2], s[3], sd[1], sd[2], sd[3], np.float32(eps),
+        x if w is None else w, w is not None)

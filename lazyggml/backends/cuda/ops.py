@@ -8,21 +8,30 @@ MUL_MAT picks its kernel as below: Q4_K as GGML's ``ggml_cuda_mul_mat`` does for
 (docs/quant-formats.md §6.5); the other paths are lazyggml's choice:
 
 * src0 quantized, at most 8 columns: quantize src1 to q8_1, then **mmvq** (Q4_K, Q6_K, Q8_0);
+  the quantized src1 stays in the backend's work area, and the next product of the same src1
+  (a layer's q, k and v; gate and up) uses it as is (``CUDABackend.q8_of`` says whose it is);
 * src0 Q4_K, more columns: quantize src1 to q8_1 in the DS4 mmq layout, then **mmq**;
 * src0 Q6_K/Q8_0, more columns: dequantize src0 to F32 scratch, then the float GEMM (GGML's
   dequantize + cuBLAS path);
 * src0 F32/F16: ``mul_mat_vec_f`` up to 8 columns, else the tiled ``mul_mat_f``.
+
+Fusion (``fuse``, applied once per graph by the backend): RMS_NORM or NORM followed by the MUL
+of its result by a weight row is one launch.
+
+FLASH_ATTN_EXT runs ``fattn.py``'s kernel for head sizes up to 256 with equal K and V head sizes.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...ops import (Op, glu_params, norm_eps, rope_params, scale_params, soft_max_alibi, soft_max_params,
-                    unary_op)
+from ...ops import (Op, flash_attn_params, glu_params, norm_eps, rope_params, scale_params, soft_max_alibi,
+                    soft_max_params, unary_op)
+from ...tensor import FLAG_OUTPUT
 from ...types import Type, blck_size, is_quantized, type_size
 from .table import forward
 from .common import Q8_1_INTS
 from .dequant import QUANT_TYPES, launch_dequantize
+from .fattn import MAX_D, launch_fattn
 from .elementwise import BINARY_CODE, BLOCK, GLU_OPS, UNARY_OPS, binary, copy, glu, grid_for, scale, unary
 from .matmul import launch_mul_mat_f
 from .mmq import launch_mmq
@@ -70,7 +79,9 @@ def mul_mat(be, node):
     nrows_b = b.ne[1] * b.ne[2] * b.ne[3]
     if a.type in VEC_DOT and ncols <= MMVQ_MAX_BATCH_SIZE:
         n = q8_1_bytes(b.ne[0], nrows_b)
-        launch_quantize_q8_1(s, y, be.scratch("q8", n, np.int8), be.scratch("q8", n, np.float16), b.ne, sb)
+        if be.q8_of != ("vec", b, n):   # q, k and v (gate and up) multiply the same activations
+            launch_quantize_q8_1(s, y, be.scratch("q8", n, np.int8), be.scratch("q8", n, np.float16), b.ne, sb)
+            be.q8_of = ("vec", b, n)
         dt, bs = VEC_DOT[a.type][4], type_size(a.type)    # weights and q8_1: one row per block
         vx, vx_h = be.view(a, dt, cols=bs // np.dtype(dt).itemsize), be.view(a, np.float16, cols=bs // 2)
         vy, vy_h = be.scratch("q8", n, np.int32, Q8_1_INTS), be.scratch("q8", n, np.float16, 2 * Q8_1_INTS)
@@ -78,7 +89,9 @@ def mul_mat(be, node):
     elif a.type == Type.Q4_K:
         n = mmq_q8_1_bytes(b.ne[0], ncols, b.ne[2] * b.ne[3])
         vy, vy_h = be.scratch("q8", n, np.int32), be.scratch("q8", n, np.float16)
-        launch_quantize_mmq_q8_1(s, y, vy, vy_h, b.ne, sb)
+        if be.q8_of != ("mmq", b, n):
+            launch_quantize_mmq_q8_1(s, y, vy, vy_h, b.ne, sb)
+            be.q8_of = ("mmq", b, n)
         launch_mmq(s, be.view(a, np.int32), vy, dst, a, node)
     elif is_quantized(a.type):
         n = 4 * a.nelements()
@@ -196,6 +209,39 @@ def norm_op(be, node):
                 norm_eps(node))
 
 
+def _norm_mul(norm, mul, g):
+    """Can ``mul`` (the node run after ``norm``) be fused into it: ``mul(norm, w)`` with ``w`` one
+    F32 row of the norm's width, the norm read by nothing else and not an output?"""
+    if norm.op not in (Op.RMS_NORM, Op.NORM) or mul.op != Op.MUL or mul.src[0] is not norm:
+        return False
+    w = mul.src[1]
+    return (g.use_count(norm) == 1 and not norm.flags & FLAG_OUTPUT and w.type == F32 and w.nb[0] == 4
+            and w.ne[0] == norm.ne[0] and w.ne[1] == w.ne[2] == w.ne[3] == 1)
+
+
+def norm_mul_op(be, mul):
+    """``mul(rms_norm(x), w)`` (or NORM) in one kernel, written to ``mul``'s memory."""
+    norm, w = mul.src[0], mul.src[1]
+    a = norm.src[0]
+    launch_norm(be.stream, norm.op == Op.RMS_NORM, be.view(a, np.float32), be.view(mul, np.float32), a, mul,
+                norm_eps(norm), be.view(w, np.float32))
+
+
+def fuse(nodes, g):
+    """The run list of a graph: ``nodes`` (``(fn, node)`` pairs of its ``GraphPlan``) with each norm
+    followed by its weight multiplication (every layer's ``rms_norm(x) * attn_norm``) as one
+    launch, as GGML's CUDA backend fuses them. The norm's own result is never written."""
+    out, i = [], 0
+    while i < len(nodes):
+        if i + 1 < len(nodes) and _norm_mul(nodes[i][1], nodes[i + 1][1], g):
+            out.append((norm_mul_op, nodes[i + 1][1]))
+            i += 2
+        else:
+            out.append(nodes[i])
+            i += 1
+    return out
+
+
 def _supports_soft_max(node):
     a, mask = node.src[0], node.src[1]
     return (a.type == F32 and node.type == F32 and a.is_contiguous() and node.is_contiguous()
@@ -218,3 +264,24 @@ def rope_op(be, node):
     launch_rope(be.stream, be.view(a, np.float32), be.view(pos, np.int32),
                 None if ff is None else be.view(ff, np.float32), be.view(node, np.float32), a, node,
                 rope_params(node))
+
+
+# -- flash attention -------------------------------------------------------------------------------
+def _supports_fattn(node):
+    q, k, v, mask = node.src[:4]
+    packed = all(t.nb[0] == type_size(t.type) and all(nb % type_size(t.type) == 0 for nb in t.nb)
+                 for t in (q, k, v))
+    return (node.src[4] is None and q.type == F32 and node.type == F32 and k.type in FLOAT_TYPES
+            and v.type == k.type and v.ne[0] == q.ne[0] <= MAX_D and packed and node.is_contiguous()
+            and (mask is None or mask.type in FLOAT_TYPES and mask.is_contiguous()))
+
+
+@forward(Op.FLASH_ATTN_EXT, supports=_supports_fattn)
+def flash_attn_op(be, node):
+    q, k, v, mask = node.src[:4]
+    p = flash_attn_params(node)
+    qv = be.view(q, np.float32)
+    views = (qv, be.view(k, DTYPE[k.type]), be.view(v, DTYPE[v.type]),
+             qv if mask is None else be.view(mask, DTYPE[mask.type]), be.view(node, np.float32))
+    launch_fattn(be, q, k, v, mask, node, p.scale, p.max_bias, p.logit_softcap, soft_max_alibi(q.ne[2], p.max_bias),
+                 views)

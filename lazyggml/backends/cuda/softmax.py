@@ -22,7 +22,7 @@ from .common import jit_kernel, F32_ONE, F32_ZERO, block_reduce_max, block_reduc
 
 @jit_kernel()
 def soft_max(x, mask, has_mask, dst, ne0, ne1, ne2, nrows, mne1, mne2, mne3, ms1, ms2, ms3, scale,
-             max_bias, m0, m1, n_head_log2):
+             max_bias, m0, m1, n_head_log2, empty_zero):
     tid = cuda.threadIdx.x
     part = cuda.shared.array(32, numba.float32)
     for r in range(cuda.blockIdx.x, nrows, cuda.gridDim.x):
@@ -46,6 +46,10 @@ def soft_max(x, mask, has_mask, dst, ne0, ne1, ne2, nrows, mne1, mne2, mne3, ms1
                 v += slope * np.float32(mask[mb + k])
             mx = max(mx, v)
         mx = block_reduce_max(mx, part)
+        if empty_zero and mx == -np.inf:     # every cell masked: zeros (flash attention's rule)
+            for k in range(tid, ne0, cuda.blockDim.x):
+                dst[xb + k] = F32_ZERO
+            continue
 
         s = F32_ZERO
         for k in range(tid, ne0, cuda.blockDim.x):
@@ -60,8 +64,10 @@ def soft_max(x, mask, has_mask, dst, ne0, ne1, ne2, nrows, mne1, mne2, mne3, ms1
             dst[xb + k] *= inv
 
 
-def launch_soft_max(stream, x, mask_view, dst, src, mask, scale, max_bias, alibi):
-    """``alibi``: ``ops.soft_max_alibi(n_head, max_bias)``."""
+def launch_soft_max(stream, x, mask_view, dst, src, mask, scale, max_bias, alibi, empty_zero=False):
+    """``alibi``: ``ops.soft_max_alibi(n_head, max_bias)``. ``src`` and ``mask`` need only ``ne`` and
+    ``nb``. ``empty_zero``: a row whose every element is -inf gives zeros (SOFT_MAX gives NaN there,
+    as GGML's)."""
     ne = src.ne
     if mask is None:
         mne, ms, has_mask = (1, 1, 1), (0, 0, 0), False
@@ -71,4 +77,4 @@ def launch_soft_max(stream, x, mask_view, dst, src, mask, scale, max_bias, alibi
     nrows = ne[1] * ne[2] * ne[3]
     soft_max[row_grid(nrows), row_block_size(ne[0]), stream](
         x, mask_view, has_mask, dst, ne[0], ne[1], ne[2], nrows, mne[0], mne[1], mne[2], ms[0], ms[1], ms[2],
-        np.float32(scale), np.float32(max_bias), alibi.m0, alibi.m1, alibi.n_head_log2)
+        np.float32(scale), np.float32(max_bias), alibi.m0, alibi.m1, alibi.n_head_log2, empty_zero)

@@ -1,0 +1,298 @@
+"""FLASH_ATTN_EXT: attention in one pass over the KV cells, never writing the n_q × n_kv scores
+(the idea of GGML's ``fattn-vec`` kernels, in our own arrangement).
+
+**Blocks.** A block of ``NWARPS`` warps takes ``QB`` consecutive queries of one head (decode: 1;
+a prompt: ``QB_BATCH``, so that each K and V row read serves that many queries) and one *slice*
+of the KV cells. Decode has few queries, so the window is cut into ``n_split`` slices to give
+the GPU enough blocks (``pick_split``); a prompt has enough blocks with one slice.
+
+**A warp's walk.** Warp ``w`` takes the slice's cells ``w, w + NWARPS, ...``. Lane ``l`` holds
+elements ``l, l + 32, ...`` (``DJ = ceil(D/32)`` of them) of each query, already multiplied by
+the scale, and of each query's accumulator. Per cell: the lane loads its elements of the K row
+and the V row (32 lanes read consecutive elements: coalesced), and per query a warp reduction of
+the lane products gives the score ``s`` (``softcap·tanh(s)`` with a logit soft-cap, then plus
+``slope·mask``); the online softmax keeps a running maximum ``m`` and sum ``l``: when ``s``
+raises the maximum, the sum and the accumulator are scaled by ``exp(m_old − s)`` first, then
+``p = exp(s − m)`` is added to the sum and ``p·v`` to the accumulator. A cell whose mask is −inf
+is skipped (no work for the unused cells of a padded window).
+
+**Merging.** The warps' ``(m, l, acc)`` meet in shared memory and are merged by rescaling to the
+largest maximum. With one slice the block writes ``acc / l`` (0 when ``l`` is 0: every cell
+masked, as GGML); with several it writes its partial ``(acc, m, l)`` to a work area and
+``fattn_combine`` merges each query's slices the same way.
+
+**Prompts** (``PROMPT_MIN_Q`` queries or more, no soft-cap): the one-pass kernel reads every K
+and V row once per query, so a prompt of 512 tokens is faster through the unfused kernels
+(``launch_prompt``): the scores of all queries at once by the tiled product, soft_max, the
+product with V. GGML's tensor-core flash-attention kernels are the next step here (issue 17).
+
+Grouped-query attention reads K/V head ``h // (n_head / n_head_kv)``; dims 3 broadcast the same
+way; the mask row is the query's, its dims 2 and 3 broadcast by modulo; ALiBi's slope is the
+per-head slope ``ops.soft_max_alibi`` gives (computed as in ``softmax.py``). K and V may be F16 or
+F32, read through strided views of the KV cache.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numba
+import numpy as np
+from numba import cuda
+
+from .common import F32_ONE, F32_ZERO, SIM, cdiv, jit_kernel, warp_reduce_sum
+from .elementwise import BLOCK, grid_for
+from .matmul import launch_mul_mat_f
+from .softmax import launch_soft_max
+
+NWARPS = 1 if SIM else 4   # one warp under the simulator (threads are costly there)
+QB_BATCH = 8               # queries per block of the vec kernel for a prompt with a logit soft-cap
+PROMPT_MIN_Q = 16          # from this many queries on, the prompt path (``launch_prompt``)
+MAX_D = 256                # head sizes up to 256 (8 elements per lane)
+# enough blocks to keep an H200-class GPU's multiprocessors busy while warps wait on their loads
+# (a warp's cells are a chain of dependent loads: occupancy hides the latency); a slice shorter
+# than MIN_SPLIT_CELLS is not worth its partial (small under the simulator, so that its tests take
+# the split path too)
+TARGET_BLOCKS = 4 if SIM else 16 * 132
+MIN_SPLIT_CELLS = 8 if SIM else 32
+
+_kernels = {}
+
+
+def _make_kernel(DJ, QB):
+    NQ = QB * DJ
+    NS = NWARPS * QB                # shared sizes must be constants of the closure
+    NSA = NWARPS * QB * MAX_D
+    nthreads = 32 * NWARPS
+
+    @jit_kernel()
+    def fattn(q, k, v, mask, has_mask, dst, part, D, n_kv, n_q, n_head, gqa, r3,
+              qs1, qs2, qs3, ks1, ks2, ks3, vs1, vs2, vs3, ms1, ms2, ms3, mne2, mne3,
+              scale, softcap, max_bias, m0, m1, n_head_log2, slice_cells, n_split):
+        lane = cuda.threadIdx.x
+        w = cuda.threadIdx.y
+        sp = cuda.blockIdx.x
+        iq0 = cuda.blockIdx.y * QB
+        h = cuda.blockIdx.z % n_head
+        i3 = cuda.blockIdx.z // n_head
+        kb = (i3 // r3) * ks3 + (h // gqa) * ks2
+        vb = (i3 // r3) * vs3 + (h // gqa) * vs2
+
+        slope = F32_ONE
+        if max_bias > F32_ZERO:
+            if h < n_head_log2:
+                slope = np.float32(math.pow(m0, np.float32(h + 1)))
+            else:
+                slope = np.float32(math.pow(m1, np.float32(2 * (h - n_head_log2) + 1)))
+
+        qr = cuda.local.array(NQ, numba.float32)
+        acc = cuda.local.array(NQ, numba.float32)
+        mx = cuda.local.array(QB, numba.float32)
+        sm = cuda.local.array(QB, numba.float32)
+        kr = cuda.local.array(DJ, numba.float32)
+        vr = cuda.local.array(DJ, numba.float32)
+        for qi in range(QB):
+            iq1 = min(iq0 + qi, n_q - 1)
+            for j in range(DJ):
+                d = lane + 32 * j
+                qr[qi * DJ + j] = q[i3 * qs3 + h * qs2 + iq1 * qs1 + d] * scale if d < D else F32_ZERO
+                acc[qi * DJ + j] = F32_ZERO
+            mx[qi] = np.float32(-np.inf)
+            sm[qi] = F32_ZERO
+
+        c1 = min((sp + 1) * slice_cells, n_kv)
+        for c in range(sp * slice_cells + w, c1, NWARPS):
+            for j in range(DJ):
+                d = lane + 32 * j
+                kr[j] = np.float32(k[kb + c * ks1 + d]) if d < D else F32_ZERO
+                vr[j] = np.float32(v[vb + c * vs1 + d]) if d < D else F32_ZERO
+            for qi in range(QB):
+                mv = F32_ZERO
+                if has_mask:
+                    iq1 = min(iq0 + qi, n_q - 1)
+                    mv = slope * np.float32(mask[(i3 % mne3) * ms3 + (h % mne2) * ms2 + iq1 * ms1 + c])
+                if mv == -np.inf:
+                    continue
+                s = F32_ZERO
+                for j in range(DJ):
+                    s += qr[qi * DJ + j] * kr[j]
+                s = warp_reduce_sum(s, 32)
+                if softcap != F32_ZERO:
+                    s = softcap * np.float32(math.tanh(s))
+                s += mv
+                if s > mx[qi]:
+                    alpha = np.float32(math.exp(mx[qi] - s))
+                    mx[qi] = s
+                    sm[qi] *= alpha
+                    for j in range(DJ):
+                        acc[qi * DJ + j] *= alpha
+                p = np.float32(math.exp(s - mx[qi]))
+                sm[qi] += p
+                for j in range(DJ):
+                    acc[qi * DJ + j] += p * vr[j]
+
+        # merge the warps: each warp's (m, l, acc) to shared memory, then one output per thread
+        wm = cuda.shared.array(NS, numba.float32)
+        wl = cuda.shared.array(NS, numba.float32)
+        wacc = cuda.shared.array(NSA, numba.float32)
+        for qi in range(QB):
+            if lane == 0:
+                wm[w * QB + qi] = mx[qi]
+                wl[w * QB + qi] = sm[qi]
+            for j in range(DJ):
+                d = lane + 32 * j
+                if d < D:
+                    wacc[(w * QB + qi) * MAX_D + d] = acc[qi * DJ + j]
+        cuda.syncthreads()
+        for e in range(32 * w + lane, QB * D, nthreads):
+            qi = e // D
+            d = e % D
+            iq1 = iq0 + qi
+            if iq1 >= n_q:
+                continue
+            m = np.float32(-np.inf)
+            for ww in range(NWARPS):
+                m = max(m, wm[ww * QB + qi])
+            lsum = F32_ZERO
+            o = F32_ZERO
+            if m != -np.inf:
+                for ww in range(NWARPS):
+                    f = np.float32(math.exp(wm[ww * QB + qi] - m))
+                    lsum += f * wl[ww * QB + qi]
+                    o += f * wacc[(ww * QB + qi) * MAX_D + d]
+            row = (i3 * n_q + iq1) * n_head + h
+            if n_split == 1:
+                dst[row * D + d] = o / lsum if lsum > F32_ZERO else F32_ZERO
+            else:
+                pb = (row * n_split + sp) * (D + 2)
+                part[pb + d] = o
+                if d == 0:
+                    part[pb + D] = m
+                    part[pb + D + 1] = lsum
+
+    return fattn
+
+
+@jit_kernel()
+def transpose_v(v, vt, n, n_kv, D, n_head_kv, vs1, vs2, vs3):
+    """``vt`` = V with cells along dim 0: [n_kv, D, n_head_kv, ne3] contiguous (writes coalesced)."""
+    for e in range(cuda.grid(1), n, cuda.gridsize(1)):
+        c = e % n_kv
+        d = (e // n_kv) % D
+        h = (e // (n_kv * D)) % n_head_kv
+        i3 = e // (n_kv * D * n_head_kv)
+        vt[e] = v[i3 * vs3 + h * vs2 + c * vs1 + d]
+
+
+@jit_kernel()
+def heads_to_dim1(o, dst, n, D, n_q, n_head):
+    """[D, n_q, n_head, ne3] (the product's layout) to FLASH_ATTN_EXT's [D, n_head, n_q, ne3]."""
+    for e in range(cuda.grid(1), n, cuda.gridsize(1)):
+        d = e % D
+        h = (e // D) % n_head
+        iq = (e // (D * n_head)) % n_q
+        i3 = e // (D * n_head * n_q)
+        dst[e] = o[((i3 * n_head + h) * n_q + iq) * D + d]
+
+
+class _Layout(NamedTuple):
+    """What the product and soft_max launchers read of a tensor: its shape and byte strides."""
+    ne: tuple
+    nb: tuple
+
+
+def _contiguous(ne, size):
+    return _Layout(ne, (size, size * ne[0], size * ne[0] * ne[1], size * ne[0] * ne[1] * ne[2]))
+
+
+def launch_prompt(be, q, k, v, mask, scale, max_bias, alibi, views):
+    """A prompt's attention as three kernels of the unfused path, inside the one node: scores
+    ``S = Kᵀ·Q`` (``mul_mat_f``, grouped-query broadcast), soft_max over each query's cells in
+    place (with the mask, ALiBi and zeros for a query that sees no cell), ``O = Vᵀ·S`` from V
+    transposed into a work area; then O to the heads-in-dim-1 layout."""
+    qv, kv, vv, mv, dv = views
+    D, n_q, n_head, ne3 = q.ne
+    n_kv, n_head_kv, ne3k = k.ne[1], k.ne[2], k.ne[3]
+    ek, ev = k.nb[0], v.nb[0]
+    st = be.stream
+    s_ne = (n_kv, n_q, n_head, ne3)
+    sv = be.scratch("fattn_kq", 4 * math.prod(s_ne), np.float32)
+    launch_mul_mat_f(st, kv, tuple(nb // ek for nb in k.nb), k.ne, qv, q, sv)
+    launch_soft_max(st, sv, mv if mask is not None else sv, sv, _contiguous(s_ne, 4), mask, scale, max_bias,
+                    alibi, empty_zero=True)
+    nvt = n_kv * D * n_head_kv * ne3k
+    vt = be.scratch("fattn_vt", ev * nvt, vv.dtype)
+    transpose_v[grid_for(nvt), BLOCK, st](vv, vt, nvt, n_kv, D, n_head_kv, v.nb[1] // ev, v.nb[2] // ev,
+                                           v.nb[3] // ev)
+    no = D * n_q * n_head * ne3
+    ov = be.scratch("fattn_o", 4 * no, np.float32)
+    launch_mul_mat_f(st, vt, (1, n_kv, n_kv * D, n_kv * D * n_head_kv), (n_kv, D, n_head_kv, ne3k), sv,
+                     _contiguous(s_ne, 4), ov)
+    heads_to_dim1[grid_for(no), BLOCK, st](ov, dv, no, D, n_q, n_head)
+
+
+@jit_kernel()
+def fattn_combine(part, dst, D, n_split):
+    """One block per output row: merge its ``n_split`` partials ``(acc, m, l)``."""
+    row = cuda.blockIdx.x
+    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        m = np.float32(-np.inf)
+        for sp in range(n_split):
+            m = max(m, part[(row * n_split + sp) * (D + 2) + D])
+        lsum = F32_ZERO
+        o = F32_ZERO
+        if m != -np.inf:
+            for sp in range(n_split):
+                pb = (row * n_split + sp) * (D + 2)
+                f = np.float32(math.exp(part[pb + D] - m))
+                lsum += f * part[pb + D + 1]
+                o += f * part[pb + d]
+        dst[row * D + d] = o / lsum if lsum > F32_ZERO else F32_ZERO
+
+
+def get_kernel(DJ, QB):
+    kern = _kernels.get((DJ, QB))
+    if kern is None:
+        kern = _kernels[(DJ, QB)] = _make_kernel(DJ, QB)
+    return kern
+
+
+def pick_split(n_kv, n_blocks):
+    """How many slices to cut the window into so that ``n_blocks`` blocks become enough."""
+    if n_blocks >= TARGET_BLOCKS:
+        return 1
+    return max(1, min(cdiv(TARGET_BLOCKS, n_blocks), n_kv // MIN_SPLIT_CELLS))
+
+
+def launch_fattn(be, q, k, v, mask, dst_t, scale, max_bias, softcap, alibi, views):
+    """Queue ``dst_t = flash_attn_ext(q, k, v, mask)`` on ``be``'s stream; ``views``: the device
+    views of q, k, v, the mask (or any array) and dst."""
+    qv, kv, vv, mv, dv = views
+    D, n_q, n_head, ne3 = q.ne
+    n_kv, n_head_kv, ne3k = k.ne[1], k.ne[2], k.ne[3]
+    eq, ek, ev = q.nb[0], k.nb[0], v.nb[0]
+    if mask is None:
+        ms, mne, has_mask = (0, 0, 0), (1, 1), False
+    else:
+        em = mask.nb[0]
+        ms, mne, has_mask = (mask.nb[1] // em, mask.nb[2] // em, mask.nb[3] // em), mask.ne[2:], True
+    args = (n_kv, n_q, n_head, n_head // n_head_kv, ne3 // ne3k,
+            q.nb[1] // eq, q.nb[2] // eq, q.nb[3] // eq, k.nb[1] // ek, k.nb[2] // ek, k.nb[3] // ek,
+            v.nb[1] // ev, v.nb[2] // ev, v.nb[3] // ev, ms[0], ms[1], ms[2], mne[0], mne[1])
+    s = np.float32(scale) / np.float32(softcap) if softcap else np.float32(scale)   # GGML divides in float32
+    params = (s, np.float32(softcap), np.float32(max_bias), alibi.m0, alibi.m1, alibi.n_head_log2)
+    if n_q >= PROMPT_MIN_Q and not softcap:
+        launch_prompt(be, q, k, v, mask, scale, max_bias, alibi, views)
+        return
+    QB = 1 if n_q < QB_BATCH else QB_BATCH
+    n_blocks = cdiv(n_q, QB) * n_head * ne3
+    n_split = pick_split(n_kv, n_blocks)
+    slice_cells = cdiv(n_kv, n_split)
+    n_split = cdiv(n_kv, slice_cells)
+    part = dv
+    if n_split > 1:
+        part = be.scratch("fattn", 4 * n_q * n_head * ne3 * n_split * (D + 2), np.float32)
+    get_kernel(cdiv(D, 32), QB)[(n_split, cdiv(n_q, QB), n_head * ne3), (32, NWARPS), be.stream](
+        qv, kv, vv, mv, has_mask, dv, part, D, *args, *params, slice_cells, n_split)
+    if n_split > 1:
+        fattn_combine[n_q * n_head * ne3, min(D, 256) if not SIM else 32, be.stream](part, dv, D, n_split)
