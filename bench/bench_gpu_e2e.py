@@ -123,15 +123,20 @@ def table(rows, args):
     return "\n".join(out)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-bench", required=True, help="llama.cpp's llama-bench executable")
+def model_args(ap):
+    """The arguments this benchmark and ``profile_gpu.py`` share: which models, where, how long."""
     ap.add_argument("--models", default="llama-1b,llama-8b")
     ap.add_argument("--model-dir", default="/tmp/lazyggml-e2e")
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--n-prompt", type=int, default=2048)
     ap.add_argument("--n-batch", type=int, default=512)
     ap.add_argument("--n-gen", type=int, default=64)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-bench", required=True, help="llama.cpp's llama-bench executable")
+    model_args(ap)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--write", help="also write the table to this file")
     args = ap.parse_args()

@@ -36,7 +36,7 @@ sys.path.insert(0, HERE)
 import lazyggml as lg  # noqa: E402
 from lazyggml.ops import op_desc  # noqa: E402
 from lazyggml.types import type_name  # noqa: E402
-from bench_gpu_e2e import WaitClock  # noqa: E402
+from bench_gpu_e2e import WaitClock, model_args  # noqa: E402
 from bench_multi_gpu import model_path  # noqa: E402
 
 
@@ -168,12 +168,7 @@ def profile(name, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="llama-1b,llama-8b")
-    ap.add_argument("--model-dir", default="/tmp/lazyggml-e2e")
-    ap.add_argument("--n-ctx", type=int, default=4096)
-    ap.add_argument("--n-prompt", type=int, default=2048)
-    ap.add_argument("--n-batch", type=int, default=512)
-    ap.add_argument("--n-gen", type=int, default=64)
+    model_args(ap)
     ap.add_argument("--top", type=int, default=20)
     args = ap.parse_args()
     for name in args.models.split(","):

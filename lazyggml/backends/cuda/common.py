@@ -355,6 +355,16 @@ else:
         return libdevice.rsqrtf(x)
 
 
+@device
+def alibi_slope(h, max_bias, m0, m1, n_head_log2):
+    """ALiBi's slope of head ``h`` (1 without ALiBi), from ``ops.soft_max_alibi``'s float32 bases."""
+    if max_bias <= F32_ZERO:
+        return F32_ONE
+    if h < n_head_log2:
+        return np.float32(math.pow(m0, np.float32(h + 1)))
+    return np.float32(math.pow(m1, np.float32(2 * (h - n_head_log2) + 1)))
+
+
 def cdiv(a, b):
     return -(-a // b)
 

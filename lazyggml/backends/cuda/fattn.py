@@ -28,7 +28,7 @@ product with V. GGML's tensor-core flash-attention kernels are the next step her
 
 Grouped-query attention reads K/V head ``h // (n_head / n_head_kv)``; dims 3 broadcast the same
 way; the mask row is the query's, its dims 2 and 3 broadcast by modulo; ALiBi's slope is the
-per-head slope ``ops.soft_max_alibi`` gives (computed as in ``softmax.py``). K and V may be F16 or
+per-head slope ``ops.soft_max_alibi`` gives (``common.alibi_slope``). K and V may be F16 or
 F32, read through strided views of the KV cache.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .common import F32_ONE, F32_ZERO, SIM, cdiv, jit_kernel, warp_reduce_sum
+from .common import F32_ZERO, SIM, alibi_slope, cdiv, jit_kernel, warp_reduce_sum
 from .elementwise import BLOCK, grid_for
 from .matmul import launch_mul_mat_f
 from .softmax import launch_soft_max
@@ -78,12 +78,7 @@ def _make_kernel(DJ, QB):
         kb = (i3 // r3) * ks3 + (h // gqa) * ks2
         vb = (i3 // r3) * vs3 + (h // gqa) * vs2
 
-        slope = F32_ONE
-        if max_bias > F32_ZERO:
-            if h < n_head_log2:
-                slope = np.float32(math.pow(m0, np.float32(h + 1)))
-            else:
-                slope = np.float32(math.pow(m1, np.float32(2 * (h - n_head_log2) + 1)))
+        slope = alibi_slope(h, max_bias, m0, m1, n_head_log2)
 
         qr = cuda.local.array(NQ, numba.float32)
         acc = cuda.local.array(NQ, numba.float32)

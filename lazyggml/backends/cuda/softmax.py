@@ -17,7 +17,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .common import jit_kernel, F32_ONE, F32_ZERO, block_reduce_max, block_reduce_sum, row_block_size, row_grid
+from .common import jit_kernel, F32_ONE, F32_ZERO, alibi_slope, block_reduce_max, block_reduce_sum, row_block_size, row_grid
 
 
 @jit_kernel()
@@ -32,12 +32,7 @@ def soft_max(x, mask, has_mask, dst, ne0, ne1, ne2, nrows, mne1, mne2, mne3, ms1
         xb = r * ne0                                   # src0 and dst are contiguous
         mb = (i3 % mne3) * ms3 + (i2 % mne2) * ms2 + i1 * ms1
 
-        slope = F32_ONE
-        if max_bias > F32_ZERO:
-            if i2 < n_head_log2:
-                slope = np.float32(math.pow(m0, np.float32(i2 + 1)))
-            else:
-                slope = np.float32(math.pow(m1, np.float32(2 * (i2 - n_head_log2) + 1)))
+        slope = alibi_slope(i2, max_bias, m0, m1, n_head_log2)
 
         mx = np.float32(-np.inf)
         for k in range(tid, ne0, cuda.blockDim.x):
