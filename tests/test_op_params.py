@@ -359,7 +359,7 @@ def test_cuda_glue_uses_shared_constants(monkeypatch):
     assert got == _expected_rope() and all(type(v) is np.float32 for v in got)
 
     cuda_ops.soft_max_op(_FakeBackend(), _soft_max_node())
-    assert soft_max_k.args[-3:] == tuple(soft_max_alibi(N_HEAD, MAX_BIAS))   # (.., m0, m1, n_head_log2)
+    assert soft_max_k.args[-4:-1] == tuple(soft_max_alibi(N_HEAD, MAX_BIAS))   # (.., m0, m1, n_head_log2, empty_zero)
 
 
 def test_opencl_glue_uses_shared_constants(monkeypatch):

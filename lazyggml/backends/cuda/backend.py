@@ -24,7 +24,8 @@ replayed from then on with one driver call. A model runner that wants replays ke
 (llama.cpp pads the KV length to 256 so that one graph serves 256 tokens). At most
 ``MAX_CACHED_GRAPHS`` captured graphs are kept (least recently launched dropped first). Work
 areas (``scratch``) only grow; when one must grow, every captured graph is dropped, since graphs
-hold the old addresses.
+hold the old addresses (the old area and graphs are freed at the next ``synchronize``: queued work
+may still use them).
 """
 from __future__ import annotations
 
@@ -237,6 +238,7 @@ class CUDABackend(Backend):
         self._scratch_views = {}
         self._captured = OrderedDict()  # id -> _Replay holding a captured graph, least recently used first
         self._scratch_epoch = 0         # bumped when a work area moves: captured graphs hold its address
+        self._retired = []              # old work areas and graphs, freed at the next synchronize
         self._capturing = False
         # (kind, tensor, bytes) of the activations quantized in the "q8" work area, for reuse by the
         # next product of the same tensor in this run (cuda/ops.py's MUL_MAT); None when stale
@@ -260,11 +262,18 @@ class CUDABackend(Backend):
         if arr is None or arr.size < nbytes:
             if self._capturing:
                 raise RuntimeError("CUDA backend: a work area had to grow during graph capture")
-            self.stream.synchronize()             # old area may still be in use by queued kernels
+            # queued kernels may still use the old area, and queued replays the captured graphs
+            # that hold its address: both are kept until the next synchronize (no wait here, so a
+            # prompt's micro-batches stay queued while flash attention's areas grow)
+            if arr is not None:
+                self._retired.append(arr)
             self._scratch[name] = arr = _cuda().device_array(max(nbytes, 256), np.uint8)
             self._scratch_views = {k: v for k, v in self._scratch_views.items() if k[0] != name}
             self._scratch_epoch += 1
-            self._drop_graphs()
+            for st in self._captured.values():
+                self._retired.append(st.graph)
+                st.graph = None
+            self._captured.clear()
         v = arr[:nbytes].view(dtype)
         self._scratch_views[key] = v = v if cols is None else v.reshape(v.size // cols, cols)
         return v
@@ -320,6 +329,8 @@ class CUDABackend(Backend):
                 self.stream.synchronize()
             else:
                 _raw_sync(_cu_stream(self.stream))
+        if self._retired:
+            self._retired.clear()   # the stream is idle: retired work areas and graphs can go
 
     host_copy_snapshots = True   # uploads from pageable memory are staged before the call returns
 
