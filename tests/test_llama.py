@@ -159,7 +159,7 @@ def test_a_model_larger_than_free_memory_is_refused_before_anything_is_allocated
     assert err.count("\n") == 1 and "lazyggml: error:" in err and "KiB free" in err
 
 
-def test_flash_attention_gives_the_unfused_logits(tiny):
+def test_flash_attention_gives_the_unfused_logits(tiny, monkeypatch):
     """flash_attn=True (FLASH_ATTN_EXT over a V cache stored like K) matches the float64 reference
     and the unfused path, through a prefill and decode steps; by default the CPU keeps the unfused
     path; a backend that cannot run the node is refused by name."""
@@ -172,9 +172,12 @@ def test_flash_attention_gives_the_unfused_logits(tiny):
     plain = lg.load_model(path)
     assert not plain.flash_attn
     assert _nmse(got, plain.eval(toks)) < tol, f"seed {SEED}"
-    if lg.dev_by_name("OpenCL0") is not None:   # the OpenCL backend has no FLASH_ATTN_EXT kernel yet
+    ocl = lg.dev_by_name("OpenCL0")
+    if ocl is not None:      # an OpenCL device that cannot run the node: refused at load, by name
+        monkeypatch.setattr(ocl, "supports_op", lambda t, f=ocl.supports_op: t.op != lg.Op.FLASH_ATTN_EXT and f(t))
         with pytest.raises(ValueError, match="flash attention: the OpenCL0 backend cannot run FLASH_ATTN_EXT"):
             lg.load_model(path, n_gpu_layers=99, device="OpenCL0", flash_attn=True)
+        assert not lg.load_model(path, n_gpu_layers=99, device="OpenCL0").flash_attn
 
 
 def _opencl_device():

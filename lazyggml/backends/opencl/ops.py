@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops import (ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, Op, clamp_params, concat_dim, diag_mask_n_past,
-                    glu_params, norm_eps, pad_params, rope_params, rope_theta_scale, rope_yarn_corr_dims,
-                    scale_params, soft_max_alibi, soft_max_params, unary_op)
+                    flash_attn_params, glu_params, norm_eps, pad_params, rope_params, rope_theta_scale,
+                    rope_yarn_corr_dims, scale_params, soft_max_alibi, soft_max_params, unary_op)
 from ...types import Type, type_size
 from .backend import targ
 from .program import BINARY_OPS, EW_CODES, MAX_LANES, lanes_for
@@ -122,6 +122,28 @@ def _soft_max(be, node):
     be.launch_rows("kernel_soft_max", a, *targ(a), *targ(mask if mask is not None else a), *targ(node),
                    np.int32(mask_type), np.float32(scale), np.float32(max_bias), m0, m1,
                    np.int32(n_head_log2), lanes=lanes_for(a.ne[0], MAX_LANES))
+
+
+FA_LANES, FA_DV_PER_LANE = 64, 4   # flash_attn.cl's work-group and output elements per lane
+
+
+def _flash_attn_ok(node):
+    q, k, v, mask = node.src[:4]
+    return (node.src[4] is None and _f32(node, q) and k.type in (Type.F32, Type.F16) and v.type == k.type
+            and v.ne[0] <= FA_LANES * FA_DV_PER_LANE and (mask is None or mask.type in (Type.F32, Type.F16)))
+
+
+@forward(Op.FLASH_ATTN_EXT, supports=_flash_attn_ok)
+def _flash_attn(be, node):
+    q, k, v, mask = node.src[:4]
+    p = flash_attn_params(node)
+    m0, m1, n_head_log2 = soft_max_alibi(q.ne[2], p.max_bias)
+    scale = np.float32(p.scale) / np.float32(p.logit_softcap) if p.logit_softcap else np.float32(p.scale)
+    mask_type = 0 if mask is None else (1 if mask.type == Type.F32 else 2)
+    be.launch_rows("kernel_flash_attn_ext", node, *targ(q), *targ(k), *targ(v), *targ(mask if mask is not None else q),
+                   *targ(node), np.int32(k.type == Type.F16), np.int32(mask_type), scale,
+                   np.float32(p.logit_softcap), np.float32(p.max_bias), m0, m1, np.int32(n_head_log2),
+                   lanes=FA_LANES)
 
 
 def _rope_ok(node):
