@@ -81,6 +81,19 @@ def test_caps_and_stops_are_said(capsys):
     assert re.search(r"stopped after \d+ of 100 tokens: the context of 16 tokens is full", capsys.readouterr().err)
 
 
+def test_flash_attention_option(capsys):
+    """``-fa on`` makes the CPU take the fused attention (same text as without: greedy sampling),
+    ``-fa off`` keeps the unfused one, and a wrong value is a usage error."""
+    texts = []
+    for fa in ("on", "off"):
+        assert main(["demo", "-n", "8", "--temp", "0", "-fa", fa]) == 0
+        texts.append(capsys.readouterr().out.splitlines()[2])     # the prompt and its continuation
+    assert texts[0] == texts[1] and len(texts[0]) > len("And God said")
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "-fa", "yes"])
+    assert e.value.code == 2 and "--flash-attn" in capsys.readouterr().err
+
+
 def test_device_without_offload_is_an_error(capsys):
     assert main(["demo", "-n", "1", "--device", "CUDA7"]) == 1
     assert "offloads nothing without -ngl" in capsys.readouterr().err
