@@ -451,6 +451,19 @@ if CHILD:
             assert [sp.backend_id for sp in s.splits] == [0, 1]
             assert np.array_equal(lg.tensor_get(out)[0, 0], (xv + w0) * w1)
 
+    def test_sim_a_growing_work_area_does_not_wait(be, monkeypatch):
+        """Growing a work area queues on: the old area (which queued kernels may still read) is kept
+        until the next synchronize, and views of the new one are handed out at once."""
+        waits = []
+        real = be.stream.synchronize
+        monkeypatch.setattr(be.stream, "synchronize", lambda: waits.append(1) or real())
+        small = be.scratch("grow_test", 64, np.float32)
+        big = be.scratch("grow_test", 4096, np.float32)
+        assert not waits and big.size == 1024 and small.size == 16
+        assert any(a.size >= 64 for a in be._retired)
+        be.synchronize()
+        assert waits and not be._retired
+
     def test_sim_fused_norm_and_shared_activations(be, rng, monkeypatch):
         """``mul(rms_norm(x), w)`` runs as one launch, and two products of its result quantize it
         once; an in-place op that overwrites the activations makes the next product quantize
