@@ -20,7 +20,8 @@ from .table import forward
 _SIMPLE_EW = {Op.SQR: "EW_SQR", Op.SQRT: "EW_SQRT", Op.LOG: "EW_LOG", Op.SIN: "EW_SIN", Op.COS: "EW_COS"}
 
 # weight types of get_rows and mul_mat -> the kernels' name suffix
-_WEIGHT_TYPES = {Type.F32: "f32", Type.F16: "f16", Type.Q8_0: "q8_0", Type.Q4_K: "q4_K", Type.Q6_K: "q6_K"}
+_WEIGHT_TYPES = {Type.F32: "f32", Type.F16: "f16", Type.Q8_0: "q8_0", Type.Q4_K: "q4_K", Type.Q6_K: "q6_K",
+                 Type.Q4_0: "q4_0", Type.Q4_1: "q4_1", Type.Q5_0: "q5_0", Type.Q5_1: "q5_1", Type.Q5_K: "q5_K"}
 
 # mul_mat (mul_mat.cl says why there are two layouts of each kernel)
 MV_MAX_COLS = 8     # columns of src1 up to which the mat-vec kernels run
@@ -227,9 +228,10 @@ def _repeat(be, node):
 
 
 def _blocks_aligned(t):
-    """Q4_K blocks are read with 16-byte loads (quants.cl): they must start 16-byte aligned. Buffers
-    and tensors are allocated at least 32-byte aligned, so the view offset and strides decide."""
-    return t.type != Type.Q4_K or (t.view_offs % 16 == 0 and all(nb % 16 == 0 for nb in t.nb[1:]))
+    """Q4_K and Q5_K blocks are read with 16-byte loads (quants.h): they must start 16-byte aligned.
+    Buffers and tensors are allocated at least 32-byte aligned, so the view offset and strides decide."""
+    return (t.type not in (Type.Q4_K, Type.Q5_K)
+            or (t.view_offs % 16 == 0 and all(nb % 16 == 0 for nb in t.nb[1:])))
 
 
 def _mul_mat_ok(node):

@@ -7,11 +7,12 @@
 // GPB_<type> = QK/16 groups. F32 and F16 have no blocks in GGML; here they get "virtual blocks"
 // of 16 elements (and no scales) so the same kernels read them.
 //
-// Alignment: a Q8_0 block is 34 bytes and a Q6_K block 210, so inside a row their fields are
-// only 2-byte aligned: only byte loads (vloadN of uchar/char) and vload_half touch them. A Q4_K
-// block is 144 bytes and is read with 16-byte loads (uint4): PoCL turns vload16 of uchar into
-// eight 2-byte loads, which made its mat-vec compute-bound. The host only sends Q4_K tensors
-// whose blocks start 16-byte aligned (ops.py, _blocks_aligned).
+// Alignment: Q8_0, Q6_K and the 32-element types have blocks of 34, 210, 18, 20, 22 and 24 bytes,
+// so inside a row their fields are only 2-byte aligned: only byte loads (vloadN of uchar/char)
+// and vload_half touch them. Q4_K and Q5_K blocks (144 and 176 bytes) are read with 16-byte loads
+// (uint4): PoCL turns vload16 of uchar into eight 2-byte loads, which made its mat-vec
+// compute-bound. The host only sends Q4_K and Q5_K tensors whose blocks start 16-byte aligned
+// (ops.py, _blocks_aligned).
 
 #define QK_f32 16
 #define TS_f32 64
@@ -28,6 +29,21 @@
 #define QK_q6_K 256
 #define TS_q6_K 210
 #define GPB_q6_K 16
+#define QK_q4_0 32
+#define TS_q4_0 18
+#define GPB_q4_0 2
+#define QK_q4_1 32
+#define TS_q4_1 20
+#define GPB_q4_1 2
+#define QK_q5_0 32
+#define TS_q5_0 22
+#define GPB_q5_0 2
+#define QK_q5_1 32
+#define TS_q5_1 24
+#define GPB_q5_1 2
+#define QK_q5_K 256
+#define TS_q5_K 176
+#define GPB_q5_K 16
 
 static inline void block_scales_none(global const uchar *blk, float *s) {}
 #define block_scales_f32 block_scales_none
@@ -99,4 +115,64 @@ static inline float16 dequant16_q6_K(global const uchar *blk, const float *s, in
     const uchar16 lo = qq < 2 ? ql & (uchar)0xF : ql >> (uchar)4;
     const char16 q = as_char16(lo | (((qh >> (uchar)(2 * qq)) & (uchar)3) << (uchar)4)) - (char)32;
     return s[j] * convert_float16(q);
+}
+
+// The 32-element types (§1): group j = 0 holds the low nibbles of qs[0..15] (elements 0..15),
+// j = 1 the high nibbles (elements 16..31). Q5_0/Q5_1 add bit i (element i) or bit 16 + i
+// (element 16 + i) of the little-endian 32-bit qh as the nibble's fifth bit.
+static inline uchar16 nibbles16(global const uchar *qs, int j) {
+    const uchar16 q = vload16(0, qs);
+    return j ? q >> (uchar)4 : q & (uchar)0xF;
+}
+
+static inline uchar16 fifth_bits16(global const uchar *qh, int j) {
+    const uint h = (uint)qh[0] | ((uint)qh[1] << 8) | ((uint)qh[2] << 16) | ((uint)qh[3] << 24);
+    const uint16 bits = (uint16)(h >> (16 * j)) >> (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return convert_uchar16((bits & 1u) << 4);
+}
+
+// block_q4_0 (18 bytes): d (fp16) @0, qs[16] @2. x = d * (q - 8).
+static inline void block_scales_q4_0(global const uchar *blk, float *s) {
+    s[0] = vload_half(0, (global const half *)blk);
+}
+
+static inline float16 dequant16_q4_0(global const uchar *blk, const float *s, int j) {
+    return s[0] * (convert_float16(nibbles16(blk + 2, j)) - 8.0f);
+}
+
+// block_q4_1 (20 bytes): d (fp16) @0, m (fp16) @2, qs[16] @4. x = d * q + m.
+static inline void block_scales_q4_1(global const uchar *blk, float *s) {
+    s[0] = vload_half(0, (global const half *)blk);
+    s[1] = vload_half(1, (global const half *)blk);
+}
+
+static inline float16 dequant16_q4_1(global const uchar *blk, const float *s, int j) {
+    return s[0] * convert_float16(nibbles16(blk + 4, j)) + s[1];
+}
+
+// block_q5_0 (22 bytes): d (fp16) @0, qh[4] @2, qs[16] @6. x = d * (q5 - 16).
+#define block_scales_q5_0 block_scales_q4_0
+
+static inline float16 dequant16_q5_0(global const uchar *blk, const float *s, int j) {
+    return s[0] * (convert_float16(nibbles16(blk + 6, j) | fifth_bits16(blk + 2, j)) - 16.0f);
+}
+
+// block_q5_1 (24 bytes): d (fp16) @0, m (fp16) @2, qh[4] @4, qs[16] @8. x = d * q5 + m.
+#define block_scales_q5_1 block_scales_q4_1
+
+static inline float16 dequant16_q5_1(global const uchar *blk, const float *s, int j) {
+    return s[0] * convert_float16(nibbles16(blk + 8, j) | fifth_bits16(blk + 4, j)) + s[1];
+}
+
+// block_q5_K (176 bytes): d, dmin, scales[12] as Q4_K's @0, qh[32] @16, qs[128] @48. Element l
+// (0..31) of sub-block sb is Q4_K's nibble plus 16 * bit sb of qh[l]; group j is half j%2 of
+// sub-block j/2.
+#define block_scales_q5_K block_scales_q4_K
+
+static inline float16 dequant16_q5_K(global const uchar *blk, const float *s, int j) {
+    const int sb = j / 2, l0 = 16 * (j % 2);
+    const uchar16 q = as_uchar16(*(global const uint4 *)(blk + 48 + 32 * (sb / 2) + l0));
+    const uchar16 h = as_uchar16(*(global const uint4 *)(blk + 16 + l0));
+    const uchar16 q5 = ((sb & 1) ? q >> (uchar)4 : q & (uchar)0xF) | (((h >> (uchar)sb) & (uchar)1) << (uchar)4);
+    return s[sb] * convert_float16(q5) - s[8 + sb];
 }

@@ -15,7 +15,7 @@ kernel void kernel_get_rows_##T(global const char *src0, tensor_t a, global cons
 DEFINE_GET_ROWS(f32, *(global const float *)p)
 DEFINE_GET_ROWS(f16, vload_half(0, (global const half *)p))
 
-// Quantized rows: the lanes take groups of 16 weights (quants.cl) and write 16 floats each.
+// Quantized rows: the lanes take groups of 16 weights (quants.h) and write 16 floats each.
 #define DEFINE_GET_ROWS_Q(T)                                                                        \
 kernel void kernel_get_rows_##T(global const char *src0, tensor_t a, global const char *idx, tensor_t b, \
                                 int is64, global char *dst, tensor_t d) {                          \
@@ -33,6 +33,11 @@ kernel void kernel_get_rows_##T(global const char *src0, tensor_t a, global cons
 DEFINE_GET_ROWS_Q(q8_0)
 DEFINE_GET_ROWS_Q(q4_K)
 DEFINE_GET_ROWS_Q(q6_K)
+DEFINE_GET_ROWS_Q(q4_0)
+DEFINE_GET_ROWS_Q(q4_1)
+DEFINE_GET_ROWS_Q(q5_0)
+DEFINE_GET_ROWS_Q(q5_1)
+DEFINE_GET_ROWS_Q(q5_K)
 
 // SET_ROWS: row (i01, i02, i03) of the F32 source b goes to row idx[i01, i02 % ne11, i03 % ne12]
 // of dst[:, :, i02, i03] (F32, or F16 rounded to nearest even). One work-group per source row.
