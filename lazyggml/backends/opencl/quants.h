@@ -7,7 +7,8 @@
 // GPB_<type> = QK/16 groups. F32 and F16 have no blocks in GGML; here they get "virtual blocks"
 // of 16 elements (and no scales) so the same kernels read them.
 //
-// Alignment: Q8_0, Q6_K and the 32-element types have blocks of 34, 210, 18, 20, 22 and 24 bytes,
+// Alignment: Q8_0, Q6_K, Q2_K, Q3_K and the 32-element types have blocks of 34, 210, 84, 110, 18,
+// 20, 22 and 24 bytes,
 // so inside a row their fields are only 2-byte aligned: only byte loads (vloadN of uchar/char)
 // and vload_half touch them. Q4_K and Q5_K blocks (144 and 176 bytes) are read with 16-byte loads
 // (uint4): PoCL turns vload16 of uchar into eight 2-byte loads, which made its mat-vec
@@ -44,6 +45,12 @@
 #define QK_q5_K 256
 #define TS_q5_K 176
 #define GPB_q5_K 16
+#define QK_q2_K 256
+#define TS_q2_K 84
+#define GPB_q2_K 16
+#define QK_q3_K 256
+#define TS_q3_K 110
+#define GPB_q3_K 16
 
 static inline void block_scales_none(global const uchar *blk, float *s) {}
 #define block_scales_f32 block_scales_none
@@ -175,4 +182,44 @@ static inline float16 dequant16_q5_K(global const uchar *blk, const float *s, in
     const uchar16 h = as_uchar16(*(global const uint4 *)(blk + 16 + l0));
     const uchar16 q5 = ((sb & 1) ? q >> (uchar)4 : q & (uchar)0xF) | (((h >> (uchar)sb) & (uchar)1) << (uchar)4);
     return s[sb] * convert_float16(q5) - s[8 + sb];
+}
+
+// The 2-bit planes of Q2_K and Q3_K: in each half n of 128 elements, group e (0..7) of it reads
+// bits 2*(e/2) .. +1 of bytes 16*(e%2) .. +15 of the half's 32 quant bytes.
+static inline uchar16 crumbs16(global const uchar *qs, int j) {
+    const int n = j / 8, e = j % 8;
+    return (vload16(0, qs + 32 * n + 16 * (e % 2)) >> (uchar)(2 * (e / 2))) & (uchar)3;
+}
+
+// block_q2_K (84 bytes): scales[16] @0 (low nibble: scale, high nibble: min of group j), qs[64]
+// @16, d (fp16) @80, dmin (fp16) @82. x = d*sc_j*q - dmin*m_j: s[j] = d*sc_j; the min is read
+// again in dequant16 (s has room for 16 floats).
+static inline void block_scales_q2_K(global const uchar *blk, float *s) {
+    const float d = vload_half(40, (global const half *)blk);
+    vstore16(d * convert_float16(vload16(0, blk) & (uchar)0xF), 0, s);
+}
+
+static inline float16 dequant16_q2_K(global const uchar *blk, const float *s, int j) {
+    const float m = vload_half(41, (global const half *)blk) * (float)(blk[j] >> 4);
+    return s[j] * convert_float16(crumbs16(blk + 16, j)) - m;
+}
+
+// block_q3_K (110 bytes): hmask[32] @0, qs[64] @32, scales[12] @96, d (fp16) @108. Sixteen
+// 6-bit scales: the low 4 bits of scale i are nibble i%8 of bytes 0..7 (low nibbles first, then
+// high), the top 2 bits are bits 2*(i/4) .. +1 of byte 8 + i%4; x = d*(sc - 32)*(q - 4*(1 - h)),
+// h = bit 4n + e/2 of hmask[16*(e%2) + l] (the high bit, set: no -4).
+static inline void block_scales_q3_K(global const uchar *blk, float *s) {
+    const float d = vload_half(54, (global const half *)blk);
+    const uchar8 lo = vload8(0, blk + 96);
+    const uchar4 hi = vload4(0, blk + 104);
+    const uchar16 low = (uchar16)(lo & (uchar)0xF, lo >> (uchar)4);
+    const uchar16 top = (uchar16)((hi >> (uchar)0) & (uchar)3, (hi >> (uchar)2) & (uchar)3,
+                                  (hi >> (uchar)4) & (uchar)3, (hi >> (uchar)6) & (uchar)3);
+    vstore16(d * (convert_float16(low | (top << (uchar)4)) - 32.0f), 0, s);
+}
+
+static inline float16 dequant16_q3_K(global const uchar *blk, const float *s, int j) {
+    const int n = j / 8, e = j % 8;
+    const uchar16 h = (vload16(0, blk + 16 * (e % 2)) >> (uchar)(4 * n + e / 2)) & (uchar)1;
+    return s[j] * (convert_float16(crumbs16(blk + 32, j)) - 4.0f * convert_float16((uchar)1 - h));
 }
