@@ -136,10 +136,10 @@ def test_mul_mat(type_, shape, ocl, cpu):
 
 
 @pytest.mark.parametrize("type_,m,k,n", [(t, 5, 800, n) for t in (F32, F16, Q8_0) for n in (3, 61)]
-                         + [(t, 7, 37, n) for t in (F32, F16) for n in (1, 12)])
+                         + [(t, 7, 37, n) for t in (F32, F16, Type.BF16) for n in (1, 12)])
 def test_mul_mat_rows_not_a_multiple_of_the_tile(type_, m, k, n, ocl):
     """Rows of 800: the tiled kernel steps 256 weights at a time, so its last step is shorter.
-    Rows of 37: F32/F16 rows that are not a multiple of 16 long take the naive kernel."""
+    Rows of 37: F32/F16/BF16 rows that are not a multiple of 16 long take the naive kernel."""
     rng = np.random.default_rng(table.SEED)
     a_bytes, a_vals = _weights(rng, type_, (m, k))
     b = rng.uniform(-1, 1, (n, k)).astype(np.float32)
@@ -290,10 +290,10 @@ def test_supports_op_refuses_what_is_not_implemented(ocl):
     f32 = ctx.new_tensor_2d(F32, 32, 4)
     refused = [
         lg.add(f16, f16), lg.silu(f16), lg.rms_norm(f16), lg.soft_max(f16), lg.sum_rows(f16),
-        lg.mul_mat(ctx.new_tensor_2d(Type.BF16, 32, 4), f32),
+        lg.mul_mat(ctx.new_tensor_2d(Type.Q8_1, 32, 4), f32),      # an activation type, no weight kernels
         lg.mul_mat(f32, ctx.new_tensor_2d(F16, 32, 4)),
         lg.mul_mat(f32, lg.transpose(ctx.new_tensor_2d(F32, 4, 32))),  # src1 rows not contiguous
-        lg.get_rows(ctx.new_tensor_2d(Type.BF16, 32, 4), ctx.new_tensor_1d(Type.I32, 2)),
+        lg.get_rows(ctx.new_tensor_2d(Type.Q8_1, 32, 4), ctx.new_tensor_1d(Type.I32, 2)),
         # Q4_K and Q5_K blocks are read with 16-byte loads: a view that starts 8 bytes in is refused
         lg.mul_mat(lg.view_2d(ctx.new_tensor_1d(Q4_K, 1024), 256, 2, 144, 8), ctx.new_tensor_2d(F32, 256, 3)),
         lg.mul_mat(lg.view_2d(ctx.new_tensor_1d(Type.Q5_K, 1024), 256, 2, 176, 8), ctx.new_tensor_2d(F32, 256, 3)),

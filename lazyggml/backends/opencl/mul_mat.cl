@@ -1,5 +1,5 @@
 // MUL_MAT: dst[i01, i11, i12, i13] = dot(row i01 of src0[., ., i02, i03], row i11 of src1[., ., i12, i13])
-// with src0 = the weights (F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K),
+// with src0 = the weights (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K),
 // src1 = F32 activations, dst = F32, and
 // GGML's broadcasting over dims 2 and 3: i02 = i12 / (ne12/ne02), i03 = i13 / (ne13/ne03).
 // Rows of src0 and src1 must be contiguous (nb00 = type size, nb10 = 4); everything else is
@@ -233,6 +233,7 @@ DEFINE_MUL_MM(T)                                                                
 DEFINE_MUL_MM_LANES(T)
 DEFINE_MUL_MAT(f32)
 DEFINE_MUL_MAT(f16)
+DEFINE_MUL_MAT(bf16)
 DEFINE_MUL_MAT(q8_0)
 DEFINE_MUL_MAT(q4_K)
 DEFINE_MUL_MAT(q6_K)
@@ -244,7 +245,7 @@ DEFINE_MUL_MAT(q5_K)
 DEFINE_MUL_MAT(q2_K)
 DEFINE_MUL_MAT(q3_K)
 
-// -- F32/F16 weights with rows that are not a multiple of 16 -------------------------------------
+// -- F32/F16/BF16 weights with rows that are not a multiple of 16 -------------------------------------
 // global = (ne01, ne11, ne12*ne13), local chosen by the implementation
 #define DEFINE_MUL_MAT_NAIVE(T, LOAD)                                                               \
 kernel void kernel_mul_mat_##T##_f32_naive(global const char *src0, tensor_t a, global const char *src1, \
@@ -260,3 +261,4 @@ kernel void kernel_mul_mat_##T##_f32_naive(global const char *src0, tensor_t a, 
 }
 DEFINE_MUL_MAT_NAIVE(f32, ((global const float *)x)[k])
 DEFINE_MUL_MAT_NAIVE(f16, vload_half(k, (global const half *)x))
+DEFINE_MUL_MAT_NAIVE(bf16, as_float((uint)((global const ushort *)x)[k] << 16))

@@ -20,7 +20,7 @@ from .table import forward
 _SIMPLE_EW = {Op.SQR: "EW_SQR", Op.SQRT: "EW_SQRT", Op.LOG: "EW_LOG", Op.SIN: "EW_SIN", Op.COS: "EW_COS"}
 
 # weight types of get_rows and mul_mat -> the kernels' name suffix
-_WEIGHT_TYPES = {Type.F32: "f32", Type.F16: "f16", Type.Q8_0: "q8_0", Type.Q4_K: "q4_K", Type.Q6_K: "q6_K",
+_WEIGHT_TYPES = {Type.F32: "f32", Type.F16: "f16", Type.BF16: "bf16", Type.Q8_0: "q8_0", Type.Q4_K: "q4_K", Type.Q6_K: "q6_K",
                  Type.Q4_0: "q4_0", Type.Q4_1: "q4_1", Type.Q5_0: "q5_0", Type.Q5_1: "q5_1", Type.Q5_K: "q5_K",
                  Type.Q2_K: "q2_K", Type.Q3_K: "q3_K"}
 
@@ -248,7 +248,7 @@ def _mul_mat(be, node):
     suffix = _WEIGHT_TYPES[a.type]
     m, n, batch = a.ne[1], b.ne[1], b.ne[2] * b.ne[3]
     args = (*targ(a), *targ(b), *targ(node))
-    if a.type in (Type.F32, Type.F16) and a.ne[0] % 16:
+    if a.type in (Type.F32, Type.F16, Type.BF16) and a.ne[0] % 16:
         be.launch(f"kernel_mul_mat_{suffix}_f32_naive", (m, n, batch), None, *args)
     elif n <= MV_MAX_COLS and be.cpu_layout:
         _, r, nc = next(t for t in MV_TILES if n <= t[0])

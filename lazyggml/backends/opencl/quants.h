@@ -4,7 +4,7 @@
 // block_scales_<type>(blk, s) unpacks what every group of the block at `blk` needs (its scales,
 // up to 16 floats) into s once per block, and dequant16_<type>(blk, s, j) returns elements
 // 16j .. 16j+15 of the block as one float16. A block holds QK_<type> elements in TS_<type> bytes,
-// GPB_<type> = QK/16 groups. F32 and F16 have no blocks in GGML; here they get "virtual blocks"
+// GPB_<type> = QK/16 groups. F32, F16 and BF16 have no blocks in GGML; here they get "virtual blocks"
 // of 16 elements (and no scales) so the same kernels read them.
 //
 // Alignment: Q8_0, Q6_K, Q2_K, Q3_K and the 32-element types have blocks of 34, 210, 84, 110, 18,
@@ -21,6 +21,9 @@
 #define QK_f16 16
 #define TS_f16 32
 #define GPB_f16 1
+#define QK_bf16 16
+#define TS_bf16 32
+#define GPB_bf16 1
 #define QK_q8_0 32
 #define TS_q8_0 34
 #define GPB_q8_0 2
@@ -55,6 +58,7 @@
 static inline void block_scales_none(global const uchar *blk, float *s) {}
 #define block_scales_f32 block_scales_none
 #define block_scales_f16 block_scales_none
+#define block_scales_bf16 block_scales_none
 
 static inline float16 dequant16_f32(global const uchar *blk, const float *s, int j) {
     return vload16(j, (global const float *)blk);
@@ -62,6 +66,11 @@ static inline float16 dequant16_f32(global const uchar *blk, const float *s, int
 
 static inline float16 dequant16_f16(global const uchar *blk, const float *s, int j) {
     return vload_half16(j, (global const half *)blk);
+}
+
+// BF16: the top 16 bits of an F32 (exact: a shift)
+static inline float16 dequant16_bf16(global const uchar *blk, const float *s, int j) {
+    return as_float16(convert_uint16(vload16(j, (global const ushort *)blk)) << 16);
 }
 
 // block_q8_0 (34 bytes): d (fp16) @0, qs[32] (int8) @2.  x = d * q.

@@ -14,6 +14,7 @@ kernel void kernel_get_rows_##T(global const char *src0, tensor_t a, global cons
 }
 DEFINE_GET_ROWS(f32, *(global const float *)p)
 DEFINE_GET_ROWS(f16, vload_half(0, (global const half *)p))
+DEFINE_GET_ROWS(bf16, as_float((uint)*(global const ushort *)p << 16))
 
 // Quantized rows: the lanes take groups of 16 weights (quants.h) and write 16 floats each.
 #define DEFINE_GET_ROWS_Q(T)                                                                        \
