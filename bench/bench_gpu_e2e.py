@@ -34,8 +34,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import lazyggml as lg  # noqa: E402
-from bench_multi_gpu import model_path  # noqa: E402
-from run_info import git_commit  # noqa: E402
+from bench_multi_gpu import model_args, model_path  # noqa: E402
+from run_info import git_commit, write_table  # noqa: E402
 
 
 def llama_bench(exe, path, args):
@@ -123,20 +123,10 @@ def table(rows, args):
     return "\n".join(out)
 
 
-def model_args(ap):
-    """The arguments this benchmark and ``profile_gpu.py`` share: which models, where, how long."""
-    ap.add_argument("--models", default="llama-1b,llama-8b")
-    ap.add_argument("--model-dir", default="/tmp/lazyggml-e2e")
-    ap.add_argument("--n-ctx", type=int, default=4096)
-    ap.add_argument("--n-prompt", type=int, default=2048)
-    ap.add_argument("--n-batch", type=int, default=512)
-    ap.add_argument("--n-gen", type=int, default=64)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-bench", required=True, help="llama.cpp's llama-bench executable")
-    model_args(ap)
+    model_args(ap, "llama-1b,llama-8b", "/tmp/lazyggml-e2e")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--write", help="also write the table to this file")
     args = ap.parse_args()
@@ -145,9 +135,7 @@ def main():
     text = table(rows, args)
     print(text)
     if args.write:
-        with open(args.write, "w") as f:
-            f.write("# GPU end to end against llama.cpp (issue 17)\n\nProduced by `python bench/bench_gpu_e2e.py "
-                    + " ".join(sys.argv[1:]) + "`\n\n" + text + "\n")
+        write_table(args.write, "GPU end to end against llama.cpp (issue 17)", text)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 
 import lazyggml as lg  # noqa: E402
 from lazyggml.cli import _placement  # noqa: E402
-from run_info import git_commit  # noqa: E402
+from run_info import git_commit, write_table  # noqa: E402
 
 MODELS = {   # make_tiny_llama shapes
     "llama-125m": dict(n_layer=12, n_embd=768, n_head=12, n_head_kv=4, n_ff=2048, n_vocab=32000),
@@ -117,14 +117,19 @@ def table(rows, checks, args):
     return "\n".join(out)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="llama-125m,llama-1b")
-    ap.add_argument("--model-dir", default="/tmp/lazyggml-multi-gpu")
+def model_args(ap, models, model_dir):
+    """The arguments the GPU benchmarks share: which ``MODELS``, where their files go, how long."""
+    ap.add_argument("--models", default=models)
+    ap.add_argument("--model-dir", default=model_dir)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--n-prompt", type=int, default=2048)
     ap.add_argument("--n-batch", type=int, default=512)
     ap.add_argument("--n-gen", type=int, default=64)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model_args(ap, "llama-125m,llama-1b", "/tmp/lazyggml-multi-gpu")
     ap.add_argument("--n-check", type=int, default=300)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--write", help="also write the table to this file")
@@ -139,9 +144,7 @@ def main():
     text = table(rows, checks, args)
     print(text)
     if args.write:
-        with open(args.write, "w") as f:
-            f.write("# One GPU against two (issue 10)\n\nProduced by `python bench/bench_multi_gpu.py "
-                    + " ".join(sys.argv[1:]) + "`\n\n" + text + "\n")
+        write_table(args.write, "One GPU against two (issue 10)", text)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,8 @@ sys.path.insert(0, HERE)
 import lazyggml as lg  # noqa: E402
 from lazyggml.ops import op_desc  # noqa: E402
 from lazyggml.types import type_name  # noqa: E402
-from bench_gpu_e2e import WaitClock, model_args  # noqa: E402
-from bench_multi_gpu import model_path  # noqa: E402
+from bench_gpu_e2e import WaitClock  # noqa: E402
+from bench_multi_gpu import model_args, model_path  # noqa: E402
 
 
 def label(node):
@@ -168,7 +168,7 @@ def profile(name, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    model_args(ap)
+    model_args(ap, "llama-1b,llama-8b", "/tmp/lazyggml-e2e")
     ap.add_argument("--top", type=int, default=20)
     args = ap.parse_args()
     for name in args.models.split(","):

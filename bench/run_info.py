@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,3 +44,10 @@ def git_commit():
         return (r.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty else "")
     except OSError:
         return "unknown"
+
+
+def write_table(path, title, text):
+    """Write a result table to ``path`` under ``# title`` and the command line that produced it."""
+    with open(path, "w") as f:
+        f.write(f"# {title}\n\nProduced by `python {os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)} {' '.join(sys.argv[1:])}`"
+                f"\n\n{text}\n")
