@@ -799,6 +799,11 @@ _fa_case(128, 259, 5, 4, 4, F16, F16, softcap=50.0, scale=8.0 / math.sqrt(128))
 _fa_case(64, 7, 5, 4, 2, F32, F32, softcap=50.0, scale=8.0 / math.sqrt(64))
 _fa_case(64, 7, 5, 2, 2, F16, F16, ne3=2, ne3k=1, m=(7, 5, 2, 2))   # dim 3: k, v broadcast, mask per ne3
 _fa_case(64, 7, 5, 2, 1, F32, F32, ne3=2, ne3k=2, m=(7, 8, 1, 1))   # mask rows beyond n_q (padding)
+# the shapes that take CUDA's other paths: 9 queries (blocks of 8, the second mostly empty), a
+# prompt of 20 (the unfused kernels) with a query that sees nothing, a soft-capped prompt (blocks of 8)
+_fa_case(64, 7, 9, 4, 2, F16, F16)
+_fa_case(64, 7, 20, 4, 2, F32, F32, masked_row=3)
+_fa_case(64, 7, 20, 4, 4, F16, F16, softcap=50.0, scale=8.0 / math.sqrt(64))
 
 
 def _fa_cache_case(d, n_head, n_head_kv, n_q, n_kv, n_ctx, kv, mt):
