@@ -13,6 +13,11 @@ prompt of ``--n-prompt`` tokens:
   the stream's time from the first node to the last.
 * **GPU time of a replayed decode step**: the decode split timed with events around the CUDA
   graph launch, i.e. what the GPU needs per token when the host is out of the way.
+* **GPU time per node inside the replayed decode graph**: the step is captured again with an
+  event-record node (``CU_EVENT_RECORD_EXTERNAL``) after every node's launches, replayed, and
+  each node is charged the time between its event and the previous one (its kernels plus the
+  graph's launch gap before them). The events themselves cost a little; the total is printed
+  beside the replay without them.
 * **Host time per decode token** with CUDA graphs on: wall time minus the time blocked on the GPU
   (``bench_gpu_e2e.WaitClock``), and a cProfile of the decode steps (top functions by own time).
 """
@@ -37,6 +42,7 @@ import lazyggml as lg  # noqa: E402
 from lazyggml.ops import op_desc  # noqa: E402
 from lazyggml.types import type_name  # noqa: E402
 from bench_gpu_e2e import WaitClock  # noqa: E402
+from lazyggml.backends.cuda.backend import _overlaps  # noqa: E402
 from bench_multi_gpu import model_args, model_path  # noqa: E402
 
 
@@ -101,6 +107,75 @@ class NodeTimer:
         self.backend.use_graphs = True
 
 
+class ReplayNodeTimer:
+    """Per-node GPU time inside a replayed CUDA graph: capture with an external event after each node."""
+
+    def __init__(self, backend, n_nodes_max=8192):
+        from cuda.bindings import driver
+        self.drv, self.backend = driver, backend
+        flags = driver.CUevent_flags.CU_EVENT_DEFAULT
+        with backend.device.context():
+            self.events = [self._ok(driver.cuEventCreate(flags)) for _ in range(n_nodes_max + 1)]
+        self.nodes = []
+        backend._drop_graphs()
+        for st in list(getattr(backend, "_captured", {}).values()):
+            st.drop()
+        self._orig = backend._run
+        backend._run = self._run
+
+    def _ok(self, res):
+        if res[0] != self.drv.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(repr(res[0]))
+        return res[1] if len(res) > 1 else None
+
+    def _run(self, nodes):
+        be, drv = self.backend, self.drv
+        if not be._capturing:
+            return self._orig(nodes)
+        h = drv.CUstream(int(be.stream.handle))
+        ext = drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL
+        self.nodes = []
+        be.q8_of = None
+        self._ok(drv.cuEventRecordWithFlags(self.events[0], h, ext))
+        for fn, node in nodes:
+            q8 = be.q8_of
+            if q8 is not None and _overlaps(node, q8[1]):
+                be.q8_of = None
+            fn(be, node)
+            self.nodes.append(node)
+            self._ok(drv.cuEventRecordWithFlags(self.events[len(self.nodes)], h, ext))
+
+    def report(self, model, rng, title, n=8):
+        """Replay the step n times; report the median per-node times of the groups."""
+        per = defaultdict(list)
+        totals = []
+        for t in rng.integers(0, model.hp.n_vocab, n + 2).tolist():
+            model.eval([t], logits_all=False)       # first: eager (plan changed?) / capture
+            self.backend.synchronize()
+            if not self.nodes:
+                continue
+            ts = [self._ok(self.drv.cuEventElapsedTime(self.events[i], self.events[i + 1])) * 1e3
+                  for i in range(len(self.nodes))]
+            totals.append(sum(ts))
+            groups = defaultdict(float)
+            for node, us in zip(self.nodes, ts):
+                groups[label(node)] += us
+            for k, v in groups.items():
+                per[k].append(v)
+        del self.backend._run
+        self.backend._drop_graphs()
+        count = defaultdict(int)
+        for node in self.nodes:
+            count[label(node)] += 1
+        total = float(np.median(totals))
+        print(f"\n{title}: {len(self.nodes)} nodes, {total / 1e3:.3f} ms with an event after each node "
+              f"(median of {len(totals)} replays)")
+        print(f"  {'us':>9} {'%':>5} {'n':>4} {'us/node':>8}  node")
+        med = {k: float(np.median(v)) for k, v in per.items()}
+        for name, us in sorted(med.items(), key=lambda kv: -kv[1])[:30]:
+            print(f"  {us:9.1f} {100 * us / total:5.1f} {count[name]:4d} {us / count[name]:8.1f}  {name}")
+
+
 def replay_gpu_ms(model, rng, n):
     """GPU milliseconds per decode step with the captured graph replayed (events around the split)."""
     from numba import cuda
@@ -145,6 +220,7 @@ def profile(name, args):
     timer.report(f"decode step, eager (KV {model.n_past})")
 
     print(f"\ndecode step replayed: GPU {replay_gpu_ms(model, rng, 16):.3f} ms per token")
+    ReplayNodeTimer(model.backends[0]).report(model, rng, f"decode step replayed, per node (KV {model.n_past})")
     clock = WaitClock()
     toks = rng.integers(0, model.hp.n_vocab, args.n_gen).tolist()
     prof = cProfile.Profile()
