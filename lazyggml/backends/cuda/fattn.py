@@ -1,25 +1,28 @@
 """FLASH_ATTN_EXT: attention in one pass over the KV cells, never writing the n_q × n_kv scores
 (the idea of GGML's ``fattn-vec`` kernels, in our own arrangement).
 
-**Blocks.** A block of ``NWARPS`` warps takes ``QB`` consecutive queries of one head (decode: 1;
-a prompt: ``QB_BATCH``, so that each K and V row read serves that many queries) and one *slice*
-of the KV cells. Decode has few queries, so the window is cut into ``n_split`` slices to give
-the GPU enough blocks (``pick_split``); a prompt has enough blocks with one slice.
+**Blocks.** A block of ``NWARPS`` warps takes ``R = GB · QN`` *rows*: ``GB`` heads that share one
+K/V head (grouped-query attention) times ``QN`` consecutive queries, and one *slice* of the KV
+cells. Each K and V row read from memory serves all R rows (``pick_rows``: as many as the lanes'
+registers hold). Decode has one query and few heads, so the window is cut into ``n_split``
+slices to give the GPU enough blocks (``pick_split``); a prompt has enough blocks with one slice.
 
 **A warp's walk.** Warp ``w`` takes the slice's cells ``w, w + NWARPS, ...``. Lane ``l`` holds
-elements ``l, l + 32, ...`` (``DJ = ceil(D/32)`` of them) of each query, already multiplied by
-the scale, and of each query's accumulator. Per cell: the lane loads its elements of the K row
-and the V row (32 lanes read consecutive elements: coalesced), and per query a warp reduction of
-the lane products gives the score ``s`` (``softcap·tanh(s)`` with a logit soft-cap, then plus
-``slope·mask``); the online softmax keeps a running maximum ``m`` and sum ``l``: when ``s``
-raises the maximum, the sum and the accumulator are scaled by ``exp(m_old − s)`` first, then
-``p = exp(s − m)`` is added to the sum and ``p·v`` to the accumulator. A cell whose mask is −inf
-is skipped (no work for the unused cells of a padded window).
+elements ``l, l + 32, ...`` (``DJ = ceil(D/32)`` of them) of each row's query, already multiplied
+by the scale, and of each row's accumulator. The warp loads the *next* cell's K row, V row and
+mask values before it works on the current cell, so a load's latency overlaps the arithmetic (a
+warp's cells would otherwise be a chain of waits). Per cell: the R partial dot products, one
+warp reduction each, gives the scores ``s`` (``softcap·tanh(s)`` with a logit soft-cap, then plus
+``slope·mask``); the online softmax keeps a running maximum ``m`` and sum ``l`` per row: when
+``s`` raises the maximum, the sum and the accumulator are scaled by ``exp(m_old − s)`` first,
+then ``p = exp(s − m)`` is added to the sum and ``p·v`` to the accumulator. A row whose mask is
+−inf at a cell skips it; a cell masked for every row (the unused cells of a padded window) costs
+its loads only.
 
 **Merging.** The warps' ``(m, l, acc)`` meet in shared memory and are merged by rescaling to the
 largest maximum. With one slice the block writes ``acc / l`` (0 when ``l`` is 0: every cell
 masked, as GGML); with several it writes its partial ``(acc, m, l)`` to a work area and
-``fattn_combine`` merges each query's slices the same way.
+``fattn_combine`` merges each row's slices the same way, its warps taking the slices in parallel.
 
 **Prompts** (``PROMPT_MIN_Q`` queries or more, no soft-cap): the one-pass kernel reads every K
 and V row once per query, so a prompt of 512 tokens is faster through the unfused kernels
@@ -40,29 +43,38 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .common import F32_ZERO, SIM, alibi_slope, cdiv, jit_kernel, warp_reduce_sum
+from .common import F32_ZERO, SIM, alibi_slope, cdiv, jit_kernel, warp_reduce_max, warp_reduce_sum
 from .elementwise import BLOCK, grid_for
 from .matmul import launch_mul_mat_f
 from .softmax import launch_soft_max
 
-NWARPS = 1 if SIM else 4   # one warp under the simulator (threads are costly there)
-QB_BATCH = 8               # queries per block of the vec kernel for a prompt with a logit soft-cap
+NWARPS = 1 if SIM else 8   # one warp under the simulator (threads are costly there)
+LANE_REGS = 32             # R · DJ: query (and accumulator) values a lane holds for its block's rows
+STEP_SCORES = 4            # scores (cells × rows) a warp works on per step (measured: 16 was slower)
+MAX_GB = 8                 # heads per block, at most
+QN_BATCH = 8               # from this many queries on, a block takes several (prompts with a soft-cap)
 PROMPT_MIN_Q = 16          # from this many queries on, the prompt path (``launch_prompt``)
 MAX_D = 256                # head sizes up to 256 (8 elements per lane)
-# enough blocks to keep an H200-class GPU's multiprocessors busy while warps wait on their loads
-# (a warp's cells are a chain of dependent loads: occupancy hides the latency); a slice shorter
-# than MIN_SPLIT_CELLS is not worth its partial (small under the simulator, so that its tests take
-# the split path too)
-TARGET_BLOCKS = 4 if SIM else 16 * 132
+# two blocks of 8 warps per multiprocessor of an H200-class GPU (measured on an 8B decode step's
+# attention, 2304 cells: 23.6 µs, against 26-57 µs with 2-8 warps, 1-16 blocks per multiprocessor
+# and 1-4 cells per step); a slice shorter than MIN_SPLIT_CELLS is not worth its partial (small
+# under the simulator, so that its tests take the split path too)
+TARGET_BLOCKS = 4 if SIM else 2 * 132
 MIN_SPLIT_CELLS = 8 if SIM else 32
+COMBINE_WARPS = 1 if SIM else 8
+COMBINE_LANES = 32 * COMBINE_WARPS   # shared sizes must be literal constants, not expressions
 
 _kernels = {}
 
 
-def _make_kernel(DJ, QB):
-    NQ = QB * DJ
-    NS = NWARPS * QB                # shared sizes must be constants of the closure
-    NSA = NWARPS * QB * MAX_D
+def _make_kernel(DJ, GB, QN):
+    R = GB * QN
+    NQ = R * DJ
+    CU = cells_per_step(DJ, R)
+    NC = CU * R
+    NK = CU * DJ
+    NS = NWARPS * R                 # shared sizes must be constants of the closure
+    NSA = NWARPS * R * 32 * DJ
     nthreads = 32 * NWARPS
 
     @jit_kernel()
@@ -72,90 +84,116 @@ def _make_kernel(DJ, QB):
         lane = cuda.threadIdx.x
         w = cuda.threadIdx.y
         sp = cuda.blockIdx.x
-        iq0 = cuda.blockIdx.y * QB
-        h = cuda.blockIdx.z % n_head
-        i3 = cuda.blockIdx.z // n_head
-        kb = (i3 // r3) * ks3 + (h // gqa) * ks2
-        vb = (i3 // r3) * vs3 + (h // gqa) * vs2
-
-        slope = alibi_slope(h, max_bias, m0, m1, n_head_log2)
+        iq0 = cuda.blockIdx.y * QN
+        ngrp = n_head // GB
+        h0 = (cuda.blockIdx.z % ngrp) * GB
+        i3 = cuda.blockIdx.z // ngrp
+        kb = (i3 // r3) * ks3 + (h0 // gqa) * ks2
+        vb = (i3 // r3) * vs3 + (h0 // gqa) * vs2
 
         qr = cuda.local.array(NQ, numba.float32)
         acc = cuda.local.array(NQ, numba.float32)
-        mx = cuda.local.array(QB, numba.float32)
-        sm = cuda.local.array(QB, numba.float32)
-        kr = cuda.local.array(DJ, numba.float32)
-        vr = cuda.local.array(DJ, numba.float32)
-        for qi in range(QB):
-            iq1 = min(iq0 + qi, n_q - 1)
+        mx = cuda.local.array(R, numba.float32)
+        sm = cuda.local.array(R, numba.float32)
+        slope = cuda.local.array(R, numba.float32)
+        mrow = cuda.local.array(R, numba.int64)
+        sc = cuda.local.array(NC, numba.float32)     # [cell u][row r]
+        mk = cuda.local.array(NC, numba.float32)
+        kr = cuda.local.array(NK, numba.float32)     # [cell u][j]
+        vr = cuda.local.array(NK, numba.float32)
+        for r in range(R):
+            iq1 = min(iq0 + r // GB, n_q - 1)
+            h = h0 + r % GB
+            slope[r] = alibi_slope(h, max_bias, m0, m1, n_head_log2)
+            mrow[r] = (i3 % mne3) * ms3 + (h % mne2) * ms2 + iq1 * ms1
             for j in range(DJ):
                 d = lane + 32 * j
-                qr[qi * DJ + j] = q[i3 * qs3 + h * qs2 + iq1 * qs1 + d] * scale if d < D else F32_ZERO
-                acc[qi * DJ + j] = F32_ZERO
-            mx[qi] = np.float32(-np.inf)
-            sm[qi] = F32_ZERO
+                qr[r * DJ + j] = q[i3 * qs3 + h * qs2 + iq1 * qs1 + d] * scale if d < D else F32_ZERO
+                acc[r * DJ + j] = F32_ZERO
+            mx[r] = np.float32(-np.inf)
+            sm[r] = F32_ZERO
 
         c1 = min((sp + 1) * slice_cells, n_kv)
-        for c in range(sp * slice_cells + w, c1, NWARPS):
-            for j in range(DJ):
-                d = lane + 32 * j
-                kr[j] = np.float32(k[kb + c * ks1 + d]) if d < D else F32_ZERO
-                vr[j] = np.float32(v[vb + c * vs1 + d]) if d < D else F32_ZERO
-            for qi in range(QB):
-                mv = F32_ZERO
-                if has_mask:
-                    iq1 = min(iq0 + qi, n_q - 1)
-                    mv = slope * np.float32(mask[(i3 % mne3) * ms3 + (h % mne2) * ms2 + iq1 * ms1 + c])
-                if mv == -np.inf:
-                    continue
-                s = F32_ZERO
+        for c0 in range(sp * slice_cells + w, c1, NWARPS * CU):
+            # CU cells' K rows, V rows and mask values: all their loads in flight at once
+            for u in range(CU):
+                c = c0 + u * NWARPS
                 for j in range(DJ):
-                    s += qr[qi * DJ + j] * kr[j]
-                s = warp_reduce_sum(s, 32)
-                if softcap != F32_ZERO:
-                    s = softcap * np.float32(math.tanh(s))
-                s += mv
-                if s > mx[qi]:
-                    alpha = np.float32(math.exp(mx[qi] - s))
-                    mx[qi] = s
-                    sm[qi] *= alpha
+                    d = lane + 32 * j
+                    kr[u * DJ + j] = np.float32(k[kb + c * ks1 + d]) if c < c1 and d < D else F32_ZERO
+                    vr[u * DJ + j] = np.float32(v[vb + c * vs1 + d]) if c < c1 and d < D else F32_ZERO
+                for r in range(R):
+                    if c >= c1:
+                        mk[u * R + r] = np.float32(-np.inf)
+                    elif has_mask:
+                        mk[u * R + r] = np.float32(mask[mrow[r] + c])
+                    else:
+                        mk[u * R + r] = F32_ZERO
+            for u in range(CU):
+                for r in range(R):
+                    t = F32_ZERO
                     for j in range(DJ):
-                        acc[qi * DJ + j] *= alpha
-                p = np.float32(math.exp(s - mx[qi]))
-                sm[qi] += p
-                for j in range(DJ):
-                    acc[qi * DJ + j] += p * vr[j]
+                        t += qr[r * DJ + j] * kr[u * DJ + j]
+                    sc[u * R + r] = t
+            for e in range(NC):
+                sc[e] = warp_reduce_sum(sc[e], 32)
+            for r in range(R):
+                m_new = mx[r]
+                for u in range(CU):
+                    e = u * R + r
+                    if mk[e] == -np.inf:
+                        sc[e] = np.float32(-np.inf)
+                    else:
+                        t = sc[e]
+                        if softcap != F32_ZERO:
+                            t = softcap * np.float32(math.tanh(t))
+                        t += slope[r] * mk[e]
+                        sc[e] = t
+                        m_new = max(m_new, t)
+                if m_new == -np.inf:       # no cell seen yet for this row
+                    continue
+                if m_new > mx[r]:         # rescale what was summed to the new maximum
+                    alpha = np.float32(math.exp(mx[r] - m_new))
+                    mx[r] = m_new
+                    sm[r] *= alpha
+                    for j in range(DJ):
+                        acc[r * DJ + j] *= alpha
+                for u in range(CU):
+                    e = u * R + r
+                    if sc[e] != -np.inf:
+                        p = np.float32(math.exp(sc[e] - m_new))
+                        sm[r] += p
+                        for j in range(DJ):
+                            acc[r * DJ + j] += p * vr[u * DJ + j]
 
         # merge the warps: each warp's (m, l, acc) to shared memory, then one output per thread
         wm = cuda.shared.array(NS, numba.float32)
         wl = cuda.shared.array(NS, numba.float32)
         wacc = cuda.shared.array(NSA, numba.float32)
-        for qi in range(QB):
+        for r in range(R):
             if lane == 0:
-                wm[w * QB + qi] = mx[qi]
-                wl[w * QB + qi] = sm[qi]
+                wm[w * R + r] = mx[r]
+                wl[w * R + r] = sm[r]
             for j in range(DJ):
-                d = lane + 32 * j
-                if d < D:
-                    wacc[(w * QB + qi) * MAX_D + d] = acc[qi * DJ + j]
+                wacc[((w * R + r) * DJ + j) * 32 + lane] = acc[r * DJ + j]
         cuda.syncthreads()
-        for e in range(32 * w + lane, QB * D, nthreads):
-            qi = e // D
+        for e in range(32 * w + lane, R * D, nthreads):
+            r = e // D
             d = e % D
-            iq1 = iq0 + qi
+            iq1 = iq0 + r // GB
             if iq1 >= n_q:
                 continue
             m = np.float32(-np.inf)
             for ww in range(NWARPS):
-                m = max(m, wm[ww * QB + qi])
+                m = max(m, wm[ww * R + r])
             lsum = F32_ZERO
             o = F32_ZERO
             if m != -np.inf:
                 for ww in range(NWARPS):
-                    f = np.float32(math.exp(wm[ww * QB + qi] - m))
-                    lsum += f * wl[ww * QB + qi]
-                    o += f * wacc[(ww * QB + qi) * MAX_D + d]
-            row = (i3 * n_q + iq1) * n_head + h
+                    f = np.float32(math.exp(wm[ww * R + r] - m))
+                    lsum += f * wl[ww * R + r]
+                    o += f * wacc[((ww * R + r) * DJ + d // 32) * 32 + d % 32]
+            row = (i3 * n_q + iq1) * n_head + h0 + r % GB
             if n_split == 1:
                 dst[row * D + d] = o / lsum if lsum > F32_ZERO else F32_ZERO
             else:
@@ -228,28 +266,57 @@ def launch_prompt(be, q, k, v, mask, scale, max_bias, alibi, views):
 
 @jit_kernel()
 def fattn_combine(part, dst, D, n_split):
-    """One block per output row: merge its ``n_split`` partials ``(acc, m, l)``."""
+    """Merge each output row's ``n_split`` partials ``(acc, m, l)``: a block per row and 32 of its
+    elements; its warps take the slices ``w, w + COMBINE_WARPS, ...`` and meet in shared memory."""
     row = cuda.blockIdx.x
-    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        m = np.float32(-np.inf)
-        for sp in range(n_split):
-            m = max(m, part[(row * n_split + sp) * (D + 2) + D])
-        lsum = F32_ZERO
-        o = F32_ZERO
-        if m != -np.inf:
-            for sp in range(n_split):
-                pb = (row * n_split + sp) * (D + 2)
-                f = np.float32(math.exp(part[pb + D] - m))
-                lsum += f * part[pb + D + 1]
+    lane = cuda.threadIdx.x
+    w = cuda.threadIdx.y
+    d = cuda.blockIdx.y * 32 + lane
+    m = np.float32(-np.inf)
+    for sp in range(lane, n_split, 32):
+        m = max(m, part[(row * n_split + sp) * (D + 2) + D])
+    m = warp_reduce_max(m, 32)
+    lsum = F32_ZERO
+    o = F32_ZERO
+    if m != -np.inf:
+        for sp in range(w, n_split, COMBINE_WARPS):
+            pb = (row * n_split + sp) * (D + 2)
+            f = np.float32(math.exp(part[pb + D] - m))
+            lsum += f * part[pb + D + 1]
+            if d < D:
                 o += f * part[pb + d]
+    so = cuda.shared.array(COMBINE_LANES, numba.float32)
+    sl = cuda.shared.array(COMBINE_WARPS, numba.float32)
+    so[w * 32 + lane] = o
+    if lane == 0:
+        sl[w] = lsum
+    cuda.syncthreads()
+    if w == 0 and d < D:
+        for ww in range(1, COMBINE_WARPS):
+            o += so[ww * 32 + lane]
+            lsum += sl[ww]
         dst[row * D + d] = o / lsum if lsum > F32_ZERO else F32_ZERO
 
 
-def get_kernel(DJ, QB):
-    kern = _kernels.get((DJ, QB))
+def cells_per_step(DJ, R):
+    """Cells a warp loads at once: enough bytes in flight to hide the memory's latency (one cell
+    at a time left a decode step's attention latency-bound), within the lanes' registers."""
+    return max(1, min(LANE_REGS // (2 * DJ), STEP_SCORES // R))
+
+
+def get_kernel(DJ, GB, QN):
+    kern = _kernels.get((DJ, GB, QN))
     if kern is None:
-        kern = _kernels[(DJ, QB)] = _make_kernel(DJ, QB)
+        kern = _kernels[(DJ, GB, QN)] = _make_kernel(DJ, GB, QN)
     return kern
+
+
+def pick_rows(DJ, gqa, n_q):
+    """A block's rows: ``GB`` heads of one K/V group (the largest divisor of ``gqa`` the lanes'
+    registers allow) times ``QN`` queries (1 for decode-sized batches)."""
+    GB = max(g for g in range(1, min(gqa, MAX_GB, LANE_REGS // DJ) + 1) if gqa % g == 0)
+    QN = 1 if n_q < QN_BATCH else max(1, min(QN_BATCH, LANE_REGS // (DJ * GB)))
+    return GB, QN
 
 
 def pick_split(n_kv, n_blocks):
@@ -279,15 +346,16 @@ def launch_fattn(be, q, k, v, mask, dst_t, scale, max_bias, softcap, alibi, view
     if n_q >= PROMPT_MIN_Q and not softcap:
         launch_prompt(be, q, k, v, mask, scale, max_bias, alibi, views)
         return
-    QB = 1 if n_q < QB_BATCH else QB_BATCH
-    n_blocks = cdiv(n_q, QB) * n_head * ne3
+    DJ = cdiv(D, 32)
+    GB, QN = pick_rows(DJ, n_head // n_head_kv, n_q)
+    n_blocks = cdiv(n_q, QN) * (n_head // GB) * ne3
     n_split = pick_split(n_kv, n_blocks)
     slice_cells = cdiv(n_kv, n_split)
     n_split = cdiv(n_kv, slice_cells)
     part = dv
     if n_split > 1:
         part = be.scratch("fattn", 4 * n_q * n_head * ne3 * n_split * (D + 2), np.float32)
-    get_kernel(cdiv(D, 32), QB)[(n_split, cdiv(n_q, QB), n_head * ne3), (32, NWARPS), be.stream](
+    get_kernel(DJ, GB, QN)[(n_split, cdiv(n_q, QN), (n_head // GB) * ne3), (32, NWARPS), be.stream](
         qv, kv, vv, mv, has_mask, dv, part, D, *args, *params, slice_cells, n_split)
     if n_split > 1:
-        fattn_combine[n_q * n_head * ne3, min(D, 256) if not SIM else 32, be.stream](part, dv, D, n_split)
+        fattn_combine[(n_q * n_head * ne3, cdiv(D, 32)), (32, COMBINE_WARPS), be.stream](part, dv, D, n_split)
