@@ -652,6 +652,9 @@ for _type in WEIGHT_TYPES:
          lambda w, x: mul_mat_ref(w, np_permute(x, 0, 2, 1, 3)), max_nmse=MUL_MAT_NMSE, types=(_type,))
 case("mul_mat(f32, broadcast over batch)", "mul_mat", [f32(32, 16, 2), f32(32, 8, 4)], ops.mul_mat, mul_mat_ref,
      max_nmse=MUL_MAT_NMSE)
+for _k in (40, 36):   # rows of 5 (a k-step's tail) and of 4.5 16-byte pieces; 70 columns: two tiles of 64
+    case(f"mul_mat(f16, k={_k}, 70 columns, broadcast over batch)", "mul_mat", [(F16, (_k, 20, 2)), f32(_k, 70, 4)],
+         ops.mul_mat, mul_mat_ref, max_nmse=MUL_MAT_NMSE)
 
 
 # -- attention as the model runner builds it (models/llama.py) -------------------------------------

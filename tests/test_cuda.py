@@ -499,6 +499,40 @@ if CHILD:
         for y, ref in ((ya, H @ A.T), (yb, H @ B.T), (yc, 2 * H @ A.T)):
             assert nmse(lg.tensor_get(y)[0, 0], ref[0]) <= QUANT_NMSE
 
+    def test_sim_fused_residual_add_and_norm(be, rng):
+        """``mul(rms_norm(add(x, y)), w)`` runs as one launch that also writes the sum (read again
+        by the next residual add); an add that broadcasts is left to its own kernel."""
+        import lazyggml as lg
+        from lazyggml.alloc import alloc_ctx_tensors
+        from lazyggml.backends.cuda.table import FORWARD
+        ctx = lg.Context()
+        x, y, w = (ctx.new_tensor_2d(lg.F32, 1024, 3), ctx.new_tensor_2d(lg.F32, 1024, 3),
+                   ctx.new_tensor_1d(lg.F32, 1024))
+        b = ctx.new_tensor_1d(lg.F32, 1024)
+        r = lg.add(x, y)
+        h = lg.mul(lg.rms_norm(r, 1e-5), w)
+        out = lg.add(r, h)
+        hb = lg.mul(lg.rms_norm(lg.add(out, b), 1e-5), w)      # broadcast add: not fused
+        g = lg.Graph()
+        lg.build_forward_expand(g, hb)
+        alloc_ctx_tensors(ctx, be)
+        X, Y, B = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((3, 1024), (3, 1024), 1024))
+        W = rng.uniform(0.5, 1.5, 1024).astype(np.float32)
+        for t, v in ((x, X), (y, Y), (w, W), (b, B)):
+            lg.tensor_set(t, v)
+        be.graph_compute(g)
+        be.synchronize()
+        names = [fn.__name__ for fn, _ in FORWARD.plan(g).state[be].runs]
+        assert names.count("add_norm_mul_op") == 1 and names.count("norm_mul_op") == 1, names
+        R = X + Y
+        assert np.array_equal(lg.tensor_get(r).reshape(R.shape), R)
+        R64 = R.astype(np.float64)
+        H = R64 / np.sqrt(np.mean(R64 ** 2, axis=1, keepdims=True) + 1e-5) * W
+        O = (R + lg.tensor_get(h).reshape(R.shape)).astype(np.float64) + B
+        HB = O / np.sqrt(np.mean(O ** 2, axis=1, keepdims=True) + 1e-5) * W
+        assert nmse(lg.tensor_get(h).reshape(H.shape), H) <= 1e-10
+        assert nmse(lg.tensor_get(hb).reshape(H.shape), HB) <= 1e-10
+
     def test_sim_device_functions_run_as_plain_python_unless_they_use_cuda():
         """Under the simulator, a device function that never touches ``cuda`` (itself or through
         what it calls) is called directly, skipping the simulator's per-call locks; one that does

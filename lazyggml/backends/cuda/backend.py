@@ -248,8 +248,10 @@ class CUDABackend(Backend):
     # -- what the kernels' glue uses
     def view(self, t, dtype, extra=0, cols=None):
         """Device view of ``t``'s bytes from ``extra`` bytes past its start, as ``dtype``: flat, or
-        2-D with ``cols`` columns (quantized tensors: one row per block)."""
-        return t.data_buffer().view(t.offset + extra, t.nbytes() - extra, dtype, cols)
+        2-D with ``cols`` columns (quantized tensors: one row per block); a flat view ends at the last
+        whole ``dtype`` element (Q6_K tensors seen as int32)."""
+        n = t.nbytes() - extra
+        return t.data_buffer().view(t.offset + extra, n - n % np.dtype(dtype).itemsize, dtype, cols)
 
     def scratch(self, name, nbytes, dtype, cols=None):
         """A work area of at least ``nbytes``, viewed as ``dtype`` (2-D with ``cols`` columns if
@@ -311,10 +313,14 @@ class CUDABackend(Backend):
     def _run(self, nodes):
         self.q8_of = None
         for fn, node in nodes:
-            q8 = self.q8_of
-            if q8 is not None and _overlaps(node, q8[1]):   # its activations are being overwritten
-                self.q8_of = None
+            self.writes(node)
             fn(self, node)
+
+    def writes(self, t):
+        """A kernel is about to write ``t``: forget the q8_1 activations if they are being overwritten."""
+        q8 = self.q8_of
+        if q8 is not None and _overlaps(t, q8[1]):
+            self.q8_of = None
 
     def _drop_graphs(self):
         for st in self._captured.values():

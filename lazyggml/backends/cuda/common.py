@@ -18,7 +18,9 @@ when this module is imported (``SIM``):
   so a reduction called by a subset of warps works when the other warps have finished or wait at
   a barrier themselves: kernels call these either from all threads or at their very end.
 
-The int8 tensor-core product ``mma_s8_16x8x32`` (inline PTX, GPU only) serves the fast mmq.
+The int8 tensor-core product ``mma_s8_16x8x32`` (inline PTX, GPU only) serves the fast mmq, and
+the half-precision one ``mma_f16_16x8x16`` (with ``float2_half2`` to pack its operands) the float
+products of many columns.
 
 **Device functions** are declared with ``@device``: inlined into their callers on the GPU; under
 the simulator called as plain Python where they do not touch ``cuda``, because the simulator's own
@@ -215,6 +217,47 @@ if not SIM:
         return sig, codegen
 
 
+    @intrinsic
+    def mma_f16_16x8x16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """One warp-wide half-precision tensor-core product with a float32 accumulator (PTX
+        ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``, sm_80+): C += A·B, A a 16x16 and B a
+        16x8 tile of halves, C 16x8 floats.
+
+        Fragments, with ``g = lane/4`` and ``t = lane%4`` (two halves per int32 register, the lower
+        k first): A: ``a0`` = A[g][2t, 2t+1], ``a1`` = A[g+8][2t, 2t+1], ``a2`` = A[g][8+2t, ..],
+        ``a3`` = A[g+8][8+2t, ..]; B: ``b0`` = B[2t, 2t+1][g], ``b1`` = B[8+2t, ..][g]; C as
+        ``mma_s8_16x8x32``'s: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1], in and out.
+        """
+        sig = types.UniTuple(types.float32, 4)(*([types.int32] * 6 + [types.float32] * 4))
+
+        def codegen(context, builder, signature, args):
+            i32, f32 = ir.IntType(32), ir.FloatType()
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            asm = ir.InlineAsm(
+                fnty, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                      "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            ins = [context.cast(builder, v, t, types.int32) for v, t in zip(args[:6], signature.args[:6])]
+            ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], signature.args[6:])]
+            res = builder.call(asm, ins)
+            return context.make_tuple(builder, signature.return_type,
+                                      [builder.extract_value(res, i) for i in range(4)])
+        return sig, codegen
+
+    @intrinsic
+    def float2_half2(typingctx, x, y):
+        """Two float32s rounded to halves and packed in an int32, ``x`` in the low half (a ``half2``)."""
+        sig = types.int32(types.float32, types.float32)
+
+        def codegen(context, builder, signature, args):
+            vty = ir.VectorType(ir.HalfType(), 2)
+            vec = ir.Constant(vty, ir.Undefined)
+            for k in range(2):
+                f = context.cast(builder, args[k], signature.args[k], types.float32)
+                vec = builder.insert_element(vec, builder.fptrunc(f, ir.HalfType()), ir.Constant(ir.IntType(32), k))
+            return builder.bitcast(vec, ir.IntType(32))
+        return sig, codegen
+
 if SIM:
     @device
     def load_int2(a, i):
@@ -365,6 +408,12 @@ def alibi_slope(h, max_bias, m0, m1, n_head_log2):
     return np.float32(math.pow(m1, np.float32(2 * (h - n_head_log2) + 1)))
 
 
+def tensor_cores():
+    """Does the current GPU have the ``mma.sync`` shapes the kernels use (sm_80+)? Never under the
+    simulator, which runs the kernels without them."""
+    return not SIM and cuda.get_current_device().compute_capability >= (8, 0)
+
+
 def cdiv(a, b):
     return -(-a // b)
 
@@ -411,9 +460,18 @@ def block_reduce_max(v, part):
     return v
 
 
-def row_block_size(ne0):
-    """Threads per row for the row kernels (norms, soft_max): a warp for short rows (GGML's rule)."""
-    return 32 if ne0 < 1024 else 256
+def row_block_size(ne0, nrows):
+    """Threads per row for the row kernels (norms, soft_max): a warp for short rows (GGML's rule);
+    for long ones 256, or 1024 when there are too few rows to fill the GPU. A thread's loads are
+    a chain of waits, so a lone row wants as many threads as it can get: a 4096-value row took
+    10 µs with 256 threads (16 loads each), and a decode step has 65 of them; with many rows
+    (a prompt) 256 is faster. 256 under the simulator, where every thread costs a Python thread."""
+    if ne0 < 1024:
+        return 32
+    return 1024 if nrows < FEW_ROWS and not SIM else 256
+
+
+FEW_ROWS = 256
 
 
 def row_grid(nrows):

@@ -12,15 +12,27 @@ transposed views (the attention products read the KV cache through them) need no
   memory; thread (tx, ty) owns rows ``tx + 16·i`` and columns ``ty + 16·j`` (i, j < 4), so a
   warp's stores to dst (rows contiguous) coalesce and its reads of the src0 slab are consecutive.
 
-Quantized src0 without an mmq kernel goes through ``dequant.launch_dequantize`` into F32 first,
-then ``mul_mat_f``: GGML's dequantize-then-cuBLAS path.
+* ``mul_mat_f_mma`` (many columns, F16 src0 with packed rows; GPUs with tensor cores, sm_80+):
+  the product on half-precision tensor cores (``mma.sync.m16n8k16`` with float32 accumulators,
+  ``common.mma_f16_16x8x16``), what GGML gets from cuBLAS for F16 weights: src1 is rounded to
+  F16 as it is staged, as GGML converts it before its GEMM. A block of 8 warps computes a
+  128×64 tile of dst (warp ``w``: rows ``32·(w%4)``, columns ``32·(w/4)``, 2×4 MMA tiles); per
+  k-step of 32 it stages 128 src0 rows (16-byte loads of 8 halves) and 64 src1 columns (floats,
+  packed to ``half2``) in shared rows of 20 ints, a stride at which the fragment reads of a warp
+  hit 32 different banks; the next k-step's loads are issued before this one's products.
+
+Quantized src0 without an mmq kernel goes through ``dequant.launch_dequantize`` into F16 first,
+then ``mul_mat_f_mma`` (F32 and ``mul_mat_f`` where there are no tensor cores): GGML's
+dequantize-then-cuBLAS path.
 """
 from __future__ import annotations
 
 import numba
+import numpy as np
 from numba import cuda
 
-from .common import jit_kernel, F32_ZERO, SIM, cdiv, warp_reduce_sum
+from . import common
+from .common import device, jit_kernel, F32_ZERO, SIM, cdiv, load_int4, store_int4, tensor_cores, warp_reduce_sum
 
 MMVF_MAX_COLS = 8
 MMVF_THREADS = 32 if SIM else 128   # one warp under the simulator (threads are costly there)
@@ -98,6 +110,116 @@ def mul_mat_f(x, y, dst, ne00, ne01, ne11, s00, s01, s02, s03, s10, s11, s12, s1
                 dst[(i23 * ne11 + c) * ne01 + r] = acc[4 * i + j]
 
 
+MMA_BM, MMA_BN, MMA_BK = 128, 64, 32
+MMA_NWARPS = 8
+MMA_S = 20        # shared row stride in ints: 16 (32 halves) + 4
+
+
+def _make_mma_kernel():
+    mma, pack = common.mma_f16_16x8x16, common.float2_half2
+    BM, BN, BK, S = MMA_BM, MMA_BN, MMA_BK, MMA_S
+    nthreads = 32 * MMA_NWARPS
+    n_as, n_bs = BM * S, BN * S      # shared sizes must be constants of the closure
+
+    @device
+    def load_pieces(x32, y, ra, rb, xr0, xr1, yc, k0, ne00, q, s10):
+        """This thread's pieces of k-step ``k0``: 8 halves of each of its two src0 rows (zeros past
+        ``ne00``, a multiple of 8) and 8 values of its src1 column as 4 ``half2``."""
+        for h in range(2):
+            if k0 + 8 * q < ne00:
+                xo = (xr0 if h == 0 else xr1) + k0
+                ra[4 * h], ra[4 * h + 1], ra[4 * h + 2], ra[4 * h + 3] = load_int4(x32, xo // 2)
+            else:
+                ra[4 * h] = ra[4 * h + 1] = ra[4 * h + 2] = ra[4 * h + 3] = 0
+        for e in range(4):
+            k = k0 + 8 * q + 2 * e
+            rb[e] = pack(y[yc + k * s10] if k < ne00 else F32_ZERO,
+                         y[yc + (k + 1) * s10] if k + 1 < ne00 else F32_ZERO)
+
+    @jit_kernel(launch_bounds=(nthreads, 2))
+    def mul_mat_f_mma(x32, y, dst, ne00, ne01, ne11, s01, s02, s03, s10, s11, s12, s13, ne12, r2, r3):
+        lane = cuda.threadIdx.x
+        w = cuda.threadIdx.y
+        tid = 32 * w + lane
+        g = lane // 4
+        t = lane % 4
+        row0 = BM * cuda.blockIdx.x
+        col0 = BN * cuda.blockIdx.y
+        i23 = cuda.blockIdx.z
+        i2 = i23 % ne12
+        i3 = i23 // ne12
+        xb = (i3 // r3) * s03 + (i2 // r2) * s02          # in halves
+        yb = i3 * s13 + i2 * s12
+
+        As = cuda.shared.array(n_as, numba.int32)
+        Bs = cuda.shared.array(n_bs, numba.int32)
+        acc = cuda.local.array(32, numba.float32)         # [m-tile 2][n-tile 4][4]
+        for e in range(32):
+            acc[e] = F32_ZERO
+        ra = cuda.local.array(8, numba.int32)             # the next k-step's pieces, in flight
+        rb = cuda.local.array(4, numba.int32)
+        # this thread's pieces: src0 rows tid/4 and 64 + tid/4, halves 8·(tid%4) ..; src1 column
+        # tid/4, values 8·(tid%4) ..
+        q = tid % 4
+        xr0 = xb + min(row0 + tid // 4, ne01 - 1) * s01 + 8 * q
+        xr1 = xb + min(row0 + 64 + tid // 4, ne01 - 1) * s01 + 8 * q
+        yc = yb + min(col0 + tid // 4, ne11 - 1) * s11
+        wm = np.uint32(32 * (w % 4) + g)
+        wn = np.uint32(32 * (w // 4) + g)
+
+        load_pieces(x32, y, ra, rb, xr0, xr1, yc, 0, ne00, q, s10)
+        k0 = 0
+        while k0 < ne00:
+            for h in range(2):
+                store_int4(As, (64 * h + tid // 4) * S + 4 * q, ra[4 * h], ra[4 * h + 1], ra[4 * h + 2],
+                           ra[4 * h + 3])
+            store_int4(Bs, (tid // 4) * S + 4 * q, rb[0], rb[1], rb[2], rb[3])
+            cuda.syncthreads()
+            kn = k0 + BK
+            if kn < ne00:              # the next pieces, loaded while this k-step computes
+                load_pieces(x32, y, ra, rb, xr0, xr1, yc, kn, ne00, q, s10)
+            for ks in range(2):
+                a = cuda.local.array(8, numba.int32)
+                for mt in range(2):
+                    ab = np.uint32((wm + 16 * mt) * S + 8 * ks + t)
+                    a[4 * mt] = As[ab]
+                    a[4 * mt + 1] = As[ab + 8 * S]
+                    a[4 * mt + 2] = As[ab + 4]
+                    a[4 * mt + 3] = As[ab + 8 * S + 4]
+                for nt in range(4):
+                    bb = np.uint32((wn + 8 * nt) * S + 8 * ks + t)
+                    b0 = Bs[bb]
+                    b1 = Bs[bb + 4]
+                    for mt in range(2):
+                        e = 4 * (4 * mt + nt)
+                        acc[e], acc[e + 1], acc[e + 2], acc[e + 3] = mma(
+                            a[4 * mt], a[4 * mt + 1], a[4 * mt + 2], a[4 * mt + 3], b0, b1,
+                            acc[e], acc[e + 1], acc[e + 2], acc[e + 3])
+            cuda.syncthreads()
+            k0 = kn
+
+        for mt in range(2):
+            for nt in range(4):
+                for hf in range(2):
+                    r = row0 + 32 * (w % 4) + 16 * mt + g + 8 * hf
+                    for c2 in range(2):
+                        c = col0 + 32 * (w // 4) + 8 * nt + 2 * t + c2
+                        if r < ne01 and c < ne11:
+                            dst[(i23 * ne11 + c) * ne01 + r] = acc[4 * (4 * mt + nt) + 2 * hf + c2]
+
+    return mul_mat_f_mma
+
+
+_mma_kernel = []
+
+
+def use_mma(x, s0, ne0):
+    """The tensor-core kernel for an F16 src0 whose rows are packed and 16-byte aligned (sm_80+)."""
+    if not tensor_cores() or x.dtype != np.float16 or s0[0] != 1 or ne0[0] % 8 or any(s % 8 for s in s0[1:]):
+        return False
+    return x.device_ctypes_pointer.value % 16 == 0
+
+
 def launch_mul_mat_f(stream, x, s0, ne0, y, src1, dst):
     """x: flat F32/F16 view of src0, whose shape is ``ne0`` and element strides ``s0``; y: flat view
     of the F32 src1; dst: contiguous F32."""
@@ -108,6 +230,12 @@ def launch_mul_mat_f(stream, x, s0, ne0, y, src1, dst):
     if ne11 <= MMVF_MAX_COLS:
         mul_mat_vec_f[(ne01, ne11, ne12 * ne13), MMVF_THREADS, stream](
             x, y, dst, ne00, ne01, *s0, *s1, ne12, r2, r3)
+    elif use_mma(x, s0, ne0):
+        if not _mma_kernel:
+            _mma_kernel.append(_make_mma_kernel())
+        x32 = x[:x.size - x.size % 2].view(np.int32)
+        _mma_kernel[0][(cdiv(ne01, MMA_BM), cdiv(ne11, MMA_BN), ne12 * ne13), (32, MMA_NWARPS), stream](
+            x32, y, dst, ne00, ne01, ne11, *s0[1:], *s1, ne12, r2, r3)
     else:
         mul_mat_f[(cdiv(ne01, TILE), cdiv(ne11, TILE), ne12 * ne13), (16, 16), stream](
             x, y, dst, ne00, ne01, ne11, *s0, *s1, ne12, r2, r3)

@@ -52,8 +52,8 @@ import numpy as np
 from numba import cuda
 
 from . import common
-from .common import (F32_ZERO, Q8_1_MMQ_INTS, SIM, cdiv, device, dp4a, half2_float2, jit_kernel, load_int4,
-                     store_int4)
+from .common import (F32_ZERO, Q8_1_MMQ_INTS, cdiv, device, dp4a, half2_float2, jit_kernel, load_int4,
+                     store_int4, tensor_cores)
 from .quantize import mmq_kblocks
 
 MMQ_ITER_K = 256
@@ -327,9 +327,7 @@ def _make_mma_kernel(J):
 
 def use_mma():
     """Tensor cores when the GPU has int8 MMA (sm_80+) unless ``LAZYGGML_CUDA_MMQ=dp4a``."""
-    if SIM or os.environ.get("LAZYGGML_CUDA_MMQ", "") == "dp4a":
-        return False
-    return cuda.get_current_device().compute_capability >= (8, 0)
+    return tensor_cores() and os.environ.get("LAZYGGML_CUDA_MMQ", "") != "dp4a"
 
 
 def pick_J(ncols):

@@ -32,9 +32,10 @@ H200: n = 8 went from 94 to 64 µs, n = 1 from 11.5 to 9.9 µs).
 **Reduction.** Each lane keeps two partial sums; a butterfly over its group's lanes
 (``warp_reduce_sum`` with the group's width) adds them, and the group's first lane writes.
 
-Weights come as two views of the same bytes: ``int32`` (or ``uint16`` for the 2-byte aligned
-Q6_K/Q8_0 blocks) for quants and scales, and ``float16`` for the block scales ``d``/``dmin``; the
-q8_1 activations likewise (``int32`` and ``float16``), all 2-D with one row per block.
+Weights come as two views of the same bytes: ``int32`` (``uint16`` for the 2-byte aligned Q8_0
+blocks) for quants and scales, and ``float16`` for the block scales ``d``/``dmin``; the q8_1
+activations likewise (``int32`` and ``float16``), all 2-D with one row per block. Q6_K's int32
+view is flat: its blocks are 210 bytes (``_int_q6_K``).
 """
 from __future__ import annotations
 
@@ -120,18 +121,24 @@ def vec_dot_q4_K_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
     return d * sumf_d - dmin * sumf_m
 
 
-# -- Q6_K (block_q6_K: ql[128] | qh[64] | scales[16] int8 | d, 210 bytes = 105 half-words) ------------
+# -- Q6_K (block_q6_K: ql[128] | qh[64] | scales[16] int8 | d, 210 bytes) ----------------------------
 @device
-def _int_b2(vx16, b, j):
-    """An int32 from half-words j, j+1 of block b (GGML's get_int_b2, for 2-byte aligned blocks)."""
-    return np.int32(vx16[b, j]) | (np.int32(vx16[b, j + 1]) << 16)
+def _int_q6_K(vx, w0, sh, j):
+    """Int ``j`` of a Q6_K block whose first byte is ``4·w0 + sh/8`` in the tensor's int32 view.
+    Blocks are 210 bytes, so every other one starts 2 bytes past a 4-byte boundary (``sh`` = 16):
+    its ints are put together from two aligned loads, and a lane's consecutive ints share one
+    (9 loads for 8 ints, against 16 two-byte loads)."""
+    lo = np.uint32(vx[w0 + j])
+    if sh == 0:
+        return np.int32(lo)
+    hi = np.uint32(vx[w0 + j + 1])
+    return np.int32((lo >> np.uint32(16)) | (hi << np.uint32(16)))
 
 
 @device
-def _scale_q6_K(vx16, b, idx):
-    """Signed 8-bit scale ``idx`` of super-block ``b`` (the scales start at half-word 96)."""
-    s = (np.int32(vx16[b, 96 + idx // 2]) >> (8 * (idx % 2))) & 0xFF
-    return s - 256 if s > 127 else s
+def _byte_s8(x, k):
+    """Signed byte ``k`` of int ``x``."""
+    return np.int32(x << np.int32(24 - 8 * k)) >> np.int32(24)
 
 
 @device
@@ -140,35 +147,47 @@ def vec_dot_q6_K_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
 
     In half ``n = iqs/16`` of the super-block, with ``h = (iqs%16)/8``, the low nibbles are values
     ``128n + 32h ..`` (q8_1 block ``4n + h``), the high ones ``128n + 64 + 32h ..`` (block
-    ``4n + 2 + h``). The two high bits of each value sit in ``qh`` int ``8n + w%8``, at bit ``2h``
-    (low nibbles) and ``4 + 2h`` (high). Each 16 values (4 ints) share a signed 8-bit scale.
-    Values are ``q - 32``: ``dp4a(q, u) - 32·Σu``.
+    ``4n + 2 + h``). The two high bits of each value sit in ``qh`` int ``8n + w%8`` (block int
+    ``32 + 8n + w%8``), at bit ``2h`` (low nibbles) and ``4 + 2h`` (high). Each 16 values (4 ints)
+    share a signed 8-bit scale: the lane's four are bytes ``2h, 2h+1`` of block ints ``48 + 2n``
+    (low) and ``49 + 2n`` (high). Values are ``q - 32``: ``dp4a(q, u) - 32·Σu``.
     """
     n = iqs // 16
     h = (iqs % 16) // 8
     b = np.uint32(kbx)
+    byte = np.uint64(kbx) * np.uint64(210)
+    w0 = byte >> np.uint64(2)
+    sh = np.uint32(byte & np.uint64(2))
     yb_lo = np.uint32(kby + 4 * n + h)
     yb_hi = np.uint32(kby + 4 * n + 2 + h)
+    s_lo = _int_q6_K(vx, w0, sh, 48 + 2 * n)
+    s_hi = _int_q6_K(vx, w0, sh, 49 + 2 * n)
     sumf = F32_ZERO
     for g in range(2):
         dot_lo = dot_hi = sum_lo = sum_hi = I0
         for r in range(4 * g, 4 * g + 4):
-            vl = _int_b2(vx, b, 2 * (iqs + r))
-            vh = _int_b2(vx, b, 64 + 2 * (8 * n + r)) >> (2 * h)
+            vl = _int_q6_K(vx, w0, sh, iqs + r)
+            vh = _int_q6_K(vx, w0, sh, 32 + 8 * n + r) >> (2 * h)
             u_lo = vy[yb_lo, 1 + r]
             u_hi = vy[yb_hi, 1 + r]
             dot_lo = dp4a((vl & M4) | ((vh & M2) << 4), u_lo, dot_lo)
             dot_hi = dp4a(((vl >> 4) & M4) | (((vh >> 4) & M2) << 4), u_hi, dot_hi)
             sum_lo = dp4a(ONES, u_lo, sum_lo)
             sum_hi = dp4a(ONES, u_hi, sum_hi)
-        sc_lo = _scale_q6_K(vx, b, 8 * n + 2 * h + g)
-        sc_hi = _scale_q6_K(vx, b, 8 * n + 4 + 2 * h + g)
+        sc_lo = _byte_s8(s_lo, 2 * h + g)
+        sc_hi = _byte_s8(s_hi, 2 * h + g)
         sumf += np.float32(vy_h[yb_lo, 0]) * np.float32(np.int32(sc_lo * (dot_lo - 32 * sum_lo))) \
             + np.float32(vy_h[yb_hi, 0]) * np.float32(np.int32(sc_hi * (dot_hi - 32 * sum_hi)))
     return np.float32(vx_h[b, 104]) * sumf
 
 
 # -- Q8_0 (block_q8_0: d | qs[32] int8, 34 bytes = 17 half-words) ------------------------------------
+@device
+def _int_b2(vx16, b, j):
+    """An int32 from half-words j, j+1 of block b (GGML's get_int_b2, for 2-byte aligned blocks)."""
+    return np.int32(vx16[b, j]) | (np.int32(vx16[b, j + 1]) << 16)
+
+
 @device
 def vec_dot_q8_0_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
     """Ints ``iqs`` and ``iqs+1`` of the 8 quant ints of one Q8_0 block against its q8_1 twin."""
@@ -180,12 +199,13 @@ def vec_dot_q8_0_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
     return np.float32(vx_h[b, 0]) * np.float32(vy_h[yb, 0]) * np.float32(sumi)
 
 
-# type -> (vec_dot, qk, qi, vdr, dtype of the quant view); the kernels see every view 2-D, one row
-# per block (``view.reshape(-1, block bytes / itemsize)``), so an index is ``[block, word]``: one
-# address computation per block, then fixed offsets.
+# type -> (vec_dot, qk, qi, vdr, dtype of the quant view); the kernels see a view 2-D, one row per
+# block (``view.reshape(-1, block bytes / itemsize)``), so an index is ``[block, word]``: one
+# address computation per block, then fixed offsets; Q6_K's 210-byte blocks are not a whole number
+# of int32s, so its view is the flat int32 array of the tensor (``_int_q6_K``).
 VEC_DOT = {
     Type.Q4_K: (vec_dot_q4_K_q8_1, 256, 32, 8, np.int32),
-    Type.Q6_K: (vec_dot_q6_K_q8_1, 256, 32, 8, np.uint16),
+    Type.Q6_K: (vec_dot_q6_K_q8_1, 256, 32, 8, np.int32),
     Type.Q8_0: (vec_dot_q8_0_q8_1, 32, 8, 2, np.uint16),
 }
 

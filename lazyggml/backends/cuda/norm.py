@@ -3,8 +3,9 @@
 ``rms_norm``: ``y = x · rsqrt(mean(x²) + eps)``. ``norm``: ``y = (x − mean) · rsqrt(var + eps)``
 with the variance summed over ``(x − mean)²`` (two reductions, as GGML's CPU code does). A row is
 read with stride 1 (``nb[0]`` = 4) and any row strides; 32 threads for rows under 1024 values,
-else 256 (``row_block_size``). With a weight row ``w`` the kernel also multiplies by it: the
-backend's fusion of ``mul(rms_norm(x), w)`` (``ops.fuse``).
+else 256, or 1024 for a few rows (``row_block_size``). With a weight row ``w`` the kernel also
+multiplies by it: the backend's fusion of ``mul(rms_norm(x), w)`` (``ops.fuse``); with a second
+input ``y`` it first adds it (the residual ``add`` before the norm, its sum written too).
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from numba import cuda
 from .common import jit_kernel, F32_ZERO, block_reduce_sum, row_block_size, row_grid, rsqrtf
 
 
-@jit_kernel()
-def norm_rows(rms, x, dst, ne0, ne1, ne2, nrows, s1, s2, s3, sd1, sd2, sd3, eps, w, has_w):
+@jit_kernel(launch_bounds=(1024, 1))   # row_block_size may ask for 1024 threads
+def norm_rows(rms, x, dst, ne0, ne1, ne2, nrows, s1, s2, s3, sd1, sd2, sd3, eps, w, has_w, y, xy, has_y):
     tid = cuda.threadIdx.x
     part = cuda.shared.array(32, numba.float32)
     n = np.float32(ne0)
+    xs = xy if has_y else x
     for r in range(cuda.blockIdx.x, nrows, cuda.gridDim.x):
         i1 = r % ne1
         i2 = (r // ne1) % ne2
@@ -27,31 +29,36 @@ def norm_rows(rms, x, dst, ne0, ne1, ne2, nrows, s1, s2, s3, sd1, sd2, sd3, eps,
         xb = i1 * s1 + i2 * s2 + i3 * s3
         db = i1 * sd1 + i2 * sd2 + i3 * sd3
 
+        if has_y:               # the residual add before the norm: x + y, kept in xy, is normalised
+            for k in range(tid, ne0, cuda.blockDim.x):
+                xy[xb + k] = x[xb + k] + y[xb + k]      # read back below by the same thread
         mean = F32_ZERO
         if not rms:
             s = F32_ZERO
             for k in range(tid, ne0, cuda.blockDim.x):
-                s += x[xb + k]
+                s += xs[xb + k]
             mean = block_reduce_sum(s, part) / n
         sq = F32_ZERO
         for k in range(tid, ne0, cuda.blockDim.x):
-            v = x[xb + k] - mean
+            v = xs[xb + k] - mean
             sq += v * v
         scale = rsqrtf(block_reduce_sum(sq, part) / n + eps)
         for k in range(tid, ne0, cuda.blockDim.x):
             if has_w:
-                dst[db + k] = ((x[xb + k] - mean) * scale) * w[k]
+                dst[db + k] = ((xs[xb + k] - mean) * scale) * w[k]
             else:
-                dst[db + k] = (x[xb + k] - mean) * scale
+                dst[db + k] = (xs[xb + k] - mean) * scale
 
 
-def launch_norm(stream, rms, x, dst, src, dst_t, eps, w=None):
+def launch_norm(stream, rms, x, dst, src, dst_t, eps, w=None, y=None, xy=None):
     """``w``: a weight row to multiply by in the same pass (the fused ``mul(rms_norm(x), w)``; the
-    same float32 operations as the two nodes, so the same bits)."""
+    same float32 operations as the two nodes, so the same bits). ``y``, ``xy``: normalise
+    ``x + y`` instead, written to ``xy`` (the fused residual ``add`` before the norm; ``y`` and
+    ``xy`` laid out as ``x``)."""
     ne = src.ne
     s = [nb // 4 for nb in src.nb]
     sd = [nb // 4 for nb in dst_t.nb]
     nrows = ne[1] * ne[2] * ne[3]
-    norm_rows[row_grid(nrows), row_block_size(ne[0]), stream](
+    norm_rows[row_grid(nrows), row_block_size(ne[0], nrows), stream](
         rms, x, dst, ne[0], ne[1], ne[2], nrows, s[1], s[2], s[3], sd[1], sd[2], sd[3], np.float32(eps),
-        x if w is None else w, w is not None)
+        x if w is None else w, w is not None, x if y is None else y, x if xy is None else xy, y is not None)

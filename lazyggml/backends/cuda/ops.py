@@ -29,7 +29,7 @@ from ...ops import (Op, flash_attn_params, glu_params, norm_eps, rope_params, sc
 from ...tensor import FLAG_OUTPUT
 from ...types import Type, blck_size, is_quantized, type_size
 from .table import forward
-from .common import Q8_1_INTS
+from .common import Q8_1_INTS, tensor_cores
 from .dequant import QUANT_TYPES, launch_dequantize
 from .fattn import MAX_D, launch_fattn
 from .elementwise import BINARY_CODE, BLOCK, GLU_OPS, UNARY_OPS, binary, copy, glu, grid_for, scale, unary
@@ -77,13 +77,14 @@ def mul_mat(be, node):
     sb = elem_strides(b)[1:]
     ncols = b.ne[1]
     nrows_b = b.ne[1] * b.ne[2] * b.ne[3]
-    if a.type in VEC_DOT and ncols <= MMVQ_MAX_BATCH_SIZE:
+    if a.type in VEC_DOT and ncols <= MMVQ_MAX_BATCH_SIZE and a.offset % 4 == 0:
         n = q8_1_bytes(b.ne[0], nrows_b)
         if be.q8_of != ("vec", b, n):   # q, k and v (gate and up) multiply the same activations
             launch_quantize_q8_1(s, y, be.scratch("q8", n, np.int8), be.scratch("q8", n, np.float16), b.ne, sb)
             be.q8_of = ("vec", b, n)
         dt, bs = VEC_DOT[a.type][4], type_size(a.type)    # weights and q8_1: one row per block
-        vx, vx_h = be.view(a, dt, cols=bs // np.dtype(dt).itemsize), be.view(a, np.float16, cols=bs // 2)
+        isz = np.dtype(dt).itemsize                       # (flat when a block is not whole words)
+        vx, vx_h = be.view(a, dt, cols=bs // isz if bs % isz == 0 else None), be.view(a, np.float16, cols=bs // 2)
         vy, vy_h = be.scratch("q8", n, np.int32, Q8_1_INTS), be.scratch("q8", n, np.float16, 2 * Q8_1_INTS)
         launch_mmvq(s, a.type, vx, vx_h, vy, vy_h, dst, a, node)
     elif a.type == Type.Q4_K:
@@ -93,9 +94,9 @@ def mul_mat(be, node):
             launch_quantize_mmq_q8_1(s, y, vy, vy_h, b.ne, sb)
             be.q8_of = ("mmq", b, n)
         launch_mmq(s, be.view(a, np.int32), vy, dst, a, node)
-    elif is_quantized(a.type):
-        n = 4 * a.nelements()
-        x = be.scratch("dequant", n, np.float32)
+    elif is_quantized(a.type):       # to F16 for the tensor cores where there are some, else F32
+        dt = np.float16 if tensor_cores() and a.ne[0] % 8 == 0 else np.float32
+        x = be.scratch("dequant", np.dtype(dt).itemsize * a.nelements(), dt)
         launch_dequantize(s, be.view(a, np.uint8), be.view(a, np.float16), x, a)
         ne = a.ne
         launch_mul_mat_f(s, x, (1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2]), ne, y, b, dst)
@@ -219,6 +220,16 @@ def _norm_mul(norm, mul, g):
             and w.ne[0] == norm.ne[0] and w.ne[1] == w.ne[2] == w.ne[3] == 1)
 
 
+def _add_norm(add, norm):
+    """Can ``add`` (run just before ``norm``) be fused into it: ``norm(add(x, y))`` with x, y and
+    the sum all F32 and laid out alike (the residual stream: no broadcast)?"""
+    if add.op != Op.ADD or norm.src[0] is not add:
+        return False
+    x, y = add.src[0], add.src[1]
+    return (all(t.type == F32 for t in (x, y, add)) and x.ne == y.ne == add.ne
+            and x.nb == y.nb == add.nb and x.nb[0] == 4)
+
+
 def norm_mul_op(be, mul):
     """``mul(rms_norm(x), w)`` (or NORM) in one kernel, written to ``mul``'s memory."""
     norm, w = mul.src[0], mul.src[1]
@@ -227,13 +238,29 @@ def norm_mul_op(be, mul):
                 norm_eps(norm), be.view(w, np.float32))
 
 
+def add_norm_mul_op(be, mul):
+    """``mul(rms_norm(add(x, y)), w)`` (or NORM) in one kernel: the sum is written to the add's
+    memory (the residual stream reads it again) and the result to ``mul``'s."""
+    norm, w = mul.src[0], mul.src[1]
+    add = norm.src[0]
+    x, y = add.src[0], add.src[1]
+    be.writes(add)
+    launch_norm(be.stream, norm.op == Op.RMS_NORM, be.view(x, np.float32), be.view(mul, np.float32), x, mul,
+                norm_eps(norm), be.view(w, np.float32), be.view(y, np.float32), be.view(add, np.float32))
+
+
 def fuse(nodes, g):
     """The run list of a graph: ``nodes`` (``(fn, node)`` pairs of its ``GraphPlan``) with each norm
     followed by its weight multiplication (every layer's ``rms_norm(x) * attn_norm``) as one
-    launch, as GGML's CUDA backend fuses them. The norm's own result is never written."""
+    launch, and with the residual add before such a norm in the same launch, as GGML's CUDA
+    backend fuses them. The norm's own result is never written."""
     out, i = [], 0
     while i < len(nodes):
-        if i + 1 < len(nodes) and _norm_mul(nodes[i][1], nodes[i + 1][1], g):
+        node = nodes[i][1]
+        if i + 2 < len(nodes) and _add_norm(node, nodes[i + 1][1]) and _norm_mul(nodes[i + 1][1], nodes[i + 2][1], g):
+            out.append((add_norm_mul_op, nodes[i + 2][1]))
+            i += 3
+        elif i + 1 < len(nodes) and _norm_mul(node, nodes[i + 1][1], g):
             out.append((norm_mul_op, nodes[i + 1][1]))
             i += 2
         else:

@@ -20,7 +20,7 @@ from numba import cuda
 from .common import jit_kernel, F32_ONE, F32_ZERO, alibi_slope, block_reduce_max, block_reduce_sum, row_block_size, row_grid
 
 
-@jit_kernel()
+@jit_kernel(launch_bounds=(1024, 1))   # row_block_size may ask for 1024 threads
 def soft_max(x, mask, has_mask, dst, ne0, ne1, ne2, nrows, mne1, mne2, mne3, ms1, ms2, ms3, scale,
              max_bias, m0, m1, n_head_log2, empty_zero):
     tid = cuda.threadIdx.x
@@ -70,6 +70,6 @@ def launch_soft_max(stream, x, mask_view, dst, src, mask, scale, max_bias, alibi
         e = mask.nb[0]
         mne, ms, has_mask = mask.ne[1:], (mask.nb[1] // e, mask.nb[2] // e, mask.nb[3] // e), True
     nrows = ne[1] * ne[2] * ne[3]
-    soft_max[row_grid(nrows), row_block_size(ne[0]), stream](
+    soft_max[row_grid(nrows), row_block_size(ne[0], nrows), stream](
         x, mask_view, has_mask, dst, ne[0], ne[1], ne[2], nrows, mne[0], mne[1], mne[2], ms[0], ms[1], ms[2],
         np.float32(scale), np.float32(max_bias), alibi.m0, alibi.m1, alibi.n_head_log2, empty_zero)
