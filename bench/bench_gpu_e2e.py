@@ -6,9 +6,14 @@
 ``llama-bench`` is built on the GPU machine with ``../shared/tools/llama-cpp-anchor build``. For each
 model (``bench_multi_gpu.MODELS`` shapes, random Q4_K_M weights written once by
 ``lazyggml.testing.make_tiny_llama``) the engines alternate, ``--runs`` times each: llama-bench
-(``-ngl 99 -p N_PROMPT -n N_GEN -ub N_BATCH -b N_PROMPT -r 1``) and then lazyggml (every layer and
-the output on CUDA0, micro-batches of ``N_BATCH``; after one untimed warm-up: reset, prefill
-``N_PROMPT`` random tokens in one ``eval``, then ``N_GEN`` one-token decode steps). Medians.
+(``-ngl 99 -p N_PROMPT -n N_GEN -d 0,N_PROMPT -ub N_BATCH -b N_PROMPT -r 1``) and then lazyggml
+(every layer and the output on CUDA0, micro-batches of ``N_BATCH``; after one untimed warm-up:
+reset, prefill ``N_PROMPT`` random tokens in one ``eval``, then ``N_GEN`` one-token decode steps;
+reset, then ``N_GEN`` decode steps from the empty cache). Medians.
+
+Decode is reported at two depths, as llama-bench measures it: ``tg`` from an empty KV cache
+(llama-bench's ``tg64``, its default depth 0) and ``tg @ d`` after ``N_PROMPT`` tokens (its
+``-d``), where every step's attention reads the whole prompt's keys and values.
 
 The profile line splits a lazyggml decode token's wall time into **waiting on the GPU** (time
 inside the CUDA backend's ``synchronize`` and its device-to-host copies, which block until the
@@ -39,15 +44,17 @@ from run_info import git_commit, write_table  # noqa: E402
 
 
 def llama_bench(exe, path, args):
-    """(prefill tok/s, decode tok/s) of one llama-bench repetition."""
-    cmd = [exe, "-m", path, "-ngl", "99", "-p", str(args.n_prompt), "-n", str(args.n_gen), "-ub", str(args.n_batch),
-           "-b", str(args.n_prompt), "-r", "1", "-o", "json"]
+    """(prefill, decode at depth 0, decode at depth N_PROMPT) tok/s of one llama-bench repetition."""
+    cmd = [exe, "-m", path, "-ngl", "99", "-p", str(args.n_prompt), "-n", str(args.n_gen), "-d", f"0,{args.n_prompt}",
+           "-ub", str(args.n_batch), "-b", str(args.n_prompt), "-r", "1", "-o", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True,
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"}).stdout
     rows = json.loads(out)
-    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] and not r["n_gen"])
-    tg = next(r["avg_ts"] for r in rows if r["n_gen"] and not r["n_prompt"])
-    return pp, tg
+
+    def ts(prompt, gen, depth):
+        return next(r["avg_ts"] for r in rows if r["n_prompt"] == prompt and r["n_gen"] == gen
+                    and r.get("n_depth", 0) == depth)
+    return ts(args.n_prompt, 0, 0), ts(0, args.n_gen, 0), ts(0, args.n_gen, args.n_prompt)
 
 
 class WaitClock:
@@ -77,7 +84,8 @@ class WaitClock:
 
 
 def lazyggml_run(model, args, rng, clock):
-    """(prefill tok/s, decode tok/s, decode wall s, decode wait s) of one run."""
+    """(prefill, decode at depth 0, decode at depth N_PROMPT) tok/s, and the decode wall and wait
+    seconds at depth N_PROMPT, of one run."""
     model.reset()
     ids = rng.integers(0, model.hp.n_vocab, args.n_prompt + args.n_gen).tolist()
     t0 = time.perf_counter()
@@ -87,7 +95,13 @@ def lazyggml_run(model, args, rng, clock):
     for t in ids[args.n_prompt:]:
         model.eval([t], logits_all=False)
     t2 = time.perf_counter()
-    return args.n_prompt / (t1 - t0), args.n_gen / (t2 - t1), t2 - t1, clock.seconds - w0
+    wait = clock.seconds - w0
+    model.reset()
+    t3 = time.perf_counter()
+    for t in ids[args.n_prompt:]:
+        model.eval([t], logits_all=False)
+    t4 = time.perf_counter()
+    return args.n_prompt / (t1 - t0), args.n_gen / (t4 - t3), args.n_gen / (t2 - t1), t2 - t1, wait
 
 
 def bench(name, args):
@@ -100,26 +114,27 @@ def bench(name, args):
     for _ in range(args.runs):
         theirs.append(llama_bench(args.llama_bench, path, args))
         ours.append(lazyggml_run(model, args, rng, clock))
-        print(name, "llama.cpp", theirs[-1], "lazyggml", ours[-1][:2], flush=True)
+        print(name, "llama.cpp", theirs[-1], "lazyggml", ours[-1][:3], flush=True)
     clock.close()
     del model
     med = [statistics.median(x) for x in zip(*ours)]
-    return dict(name=name, lcpp=[statistics.median(x) for x in zip(*theirs)], ours=med[:2],
-                host_ms=(med[2] - med[3]) / args.n_gen * 1e3, wait_ms=med[3] / args.n_gen * 1e3)
+    return dict(name=name, lcpp=[statistics.median(x) for x in zip(*theirs)], ours=med[:3],
+                host_ms=(med[3] - med[4]) / args.n_gen * 1e3, wait_ms=med[4] / args.n_gen * 1e3)
 
 
 def table(rows, args):
     gpu = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
+    d = args.n_prompt
     out = [f"* date: {datetime.date.today()}; commit: {git_commit()}; GPU: {gpu}",
-           f"* prefill {args.n_prompt} tokens (micro-batch {args.n_batch}), decode {args.n_gen}; engines alternating, "
-           f"median of {args.runs}",
-           "", "| model | llama.cpp prefill / decode (tok/s) | lazyggml prefill / decode (tok/s) | ratio | "
-           "lazyggml decode ms/token: host / waiting on GPU |", "| --- | --- | --- | --- | --- |"]
+           f"* prefill {d} tokens (micro-batch {args.n_batch}); decode {args.n_gen} tokens from an empty cache (tg) "
+           f"and after the {d}-token prompt (tg @ d{d}); engines alternating, median of {args.runs}",
+           "", f"| model | llama.cpp pp / tg / tg @ d{d} (tok/s) | lazyggml pp / tg / tg @ d{d} (tok/s) | ratio | "
+           f"lazyggml ms/token @ d{d}: host / waiting on GPU |", "| --- | --- | --- | --- | --- |"]
     for r in rows:
-        (lp, ld), (op, od) = r["lcpp"], r["ours"]
-        out.append(f"| {r['name']} | {lp:,.0f} / {ld:,.0f} | {op:,.0f} / {od:,.0f} | {op / lp:.2f} / {od / ld:.2f} | "
-                   f"{r['host_ms']:.2f} / {r['wait_ms']:.2f} |")
+        lc, us = r["lcpp"], r["ours"]
+        out.append(f"| {r['name']} | {' / '.join(f'{v:,.0f}' for v in lc)} | {' / '.join(f'{v:,.0f}' for v in us)} | "
+                   f"{' / '.join(f'{o / t:.2f}' for o, t in zip(us, lc))} | {r['host_ms']:.2f} / {r['wait_ms']:.2f} |")
     return "\n".join(out)
 
 
