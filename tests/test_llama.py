@@ -220,6 +220,44 @@ def test_kv_cache_continues_a_sequence(tiny):
     assert _nmse(last, full[-1:]) < 1e-10
 
 
+def test_decode_graphs_are_kept_per_kv_window(tmp_path, monkeypatch):
+    """A decode step reuses the graph of its KV window (256 cells each) after a prompt, a reset and
+    other windows in between: nothing is rebuilt. At most DECODE_GRAPHS are kept; a fifth window
+    takes the least recently used one's scheduler. The logits are a fresh model's."""
+    from lazyggml.models import llama
+    path = str(tmp_path / "m.gguf")
+    make_tiny_llama(path, n_layer=1, n_embd=256, n_head=4, n_head_kv=4, n_ff=512, n_vocab=300,
+                    n_ctx=1280, seed=SEED)
+    toks = _tokens(1100, 300, SEED)
+    model = lg.load_model(path)
+    built = []
+    real = model._build
+    monkeypatch.setattr(model, "_build", lambda *key: built.append(key) or real(*key))
+
+    def decode_at(depth):
+        model.reset()
+        if depth:
+            model.eval(toks[:depth], logits_all=False)
+        return model.eval([toks[depth]])
+
+    first = decode_at(0)
+    for depth in (300, 600, 900):
+        decode_at(depth)
+    steps = [k for k in built if k[0] == 1 and k[2]]          # (new schedulers reserve with (1, n_ctx, False))
+    assert steps == [(1, 256, True), (1, 512, True), (1, 768, True), (1, 1024, True)]
+    built.clear()
+    again = decode_at(0)
+    assert not [k for k in built if k[0] == 1]               # window 256's graph, kept
+    assert np.array_equal(again, first)
+    decode_at(1050)                                          # a fifth window: 512's scheduler goes
+    assert len(model._decode) == llama.DECODE_GRAPHS and (1, 512, True) not in model._decode
+    fresh = lg.load_model(path)
+    for depth in (600, 1050):
+        fresh.reset()
+        fresh.eval(toks[:depth], logits_all=False)
+        assert np.array_equal(decode_at(depth), fresh.eval([toks[depth]]))
+
+
 def test_prefill_longer_than_a_micro_batch(tmp_path):
     path = str(tmp_path / "m.gguf")
     make_tiny_llama(path, n_layer=1, n_embd=256, n_head=4, n_head_kv=4, n_ff=512, n_vocab=300,

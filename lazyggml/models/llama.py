@@ -39,6 +39,7 @@ import codecs
 import logging
 import math
 import time
+from collections import OrderedDict
 
 import numpy as np
 
@@ -74,6 +75,7 @@ KV_PAD = 256
 KV_PAD_BATCH = 32
 N_BATCH = 64       # prefill micro-batch (tokens per graph) on the CPU
 N_BATCH_GPU = 512  # ... and when the output layer, hence every layer, is on a GPU (llama.cpp's n_ubatch)
+DECODE_GRAPHS = 4  # decode graphs kept (each with a scheduler and its small compute buffers)
 
 
 def offload_devices(device=None):
@@ -242,20 +244,23 @@ class LlamaModel:
         parallel = len(used) > 1 and n_gpu_layers > hp.n_layer and all(
             b.device.event_new() is not None for b in self.backends[:-1])
         self.sched = Scheduler(self.backends, graph_size=32 * hp.n_layer + 64, parallel=parallel)
-        # single-token steps get a scheduler (and small compute buffers) of their own, so that the
-        # decode graph survives a prompt in between: rebuilding it costs ~5 ms (3.7M model)
-        self.sched_decode = Scheduler(self.backends, graph_size=self.sched.graph_size)
         self.n_past = 0
-        self._graphs = {}    # scheduler -> (key, graph, inputs, logits) of its last built graph
+        self._prompt = None           # (key, graph, inputs, logits) of the prompt scheduler's last graph
+        # Single-token steps get schedulers (and small compute buffers) of their own, one per KV
+        # window recently used, least recently used first: a decode graph survives a prompt and a
+        # reset in between. Rebuilding one (build, split, allocate, first run, CUDA graph capture)
+        # costs 50-150 ms for 1B-8B models on a GPU, which a new conversation after a long one, or a
+        # benchmark alternating depths, would otherwise pay each time.
+        self._decode = OrderedDict()  # key -> (scheduler, graph, inputs, logits)
+        self._decode_free = [Scheduler(self.backends, graph_size=self.sched.graph_size)]
         # size the compute buffers once for the largest micro-batch over the whole context, as
         # llama.cpp does, so that later graphs fit without reallocating (which would synchronize)
         on_gpu = self.layer_backends[-1] is not cpu
         self.n_batch = min(n_batch or (N_BATCH_GPU if on_gpu else N_BATCH), self.n_ctx)
         if self.n_batch < 1:
             raise ValueError(f"n_batch must be positive, got {n_batch}")
-        for sched, n_tokens in ((self.sched, self.n_batch), (self.sched_decode, 1)):
-            if not sched.reserve(self._build(n_tokens, self.n_ctx, False)[0]):
-                raise RuntimeError("the scheduler could not reserve the compute buffers")
+        for sched, n_tokens in ((self.sched, self.n_batch), (self._decode_free[0], 1)):
+            self._reserve(sched, n_tokens)
         self.load_time = time.perf_counter() - t0
 
     # -- the graph ----------------------------------------------------------------------------------
@@ -373,19 +378,37 @@ class LlamaModel:
             g.build_forward_expand(logits)
         return g, (tokens, pos, kv_idxs, v_idxs, kq_mask), logits
 
+    def _reserve(self, sched, n_tokens):
+        if not sched.reserve(self._build(n_tokens, self.n_ctx, False)[0]):
+            raise RuntimeError("the scheduler could not reserve the compute buffers")
+
+    def _alloc(self, sched, key):
+        sched.reset()
+        g, inputs, logits = self._build(*key)
+        if not sched.alloc_graph(g):
+            raise RuntimeError("the scheduler could not allocate the graph")
+        return sched, g, inputs, logits
+
     def _graph_for(self, n_tokens, n_kv, logits_all):
-        """The scheduler for ``n_tokens`` and its graph of this shape, built and allocated when the
-        shape differs from the last one it ran."""
-        sched = self.sched_decode if n_tokens == 1 else self.sched
+        """The scheduler and graph for this shape: the prompt scheduler's graph, rebuilt when the
+        shape differs from its last one; or a decode graph, kept per KV window (``_decode``)."""
         key = (n_tokens, n_kv, logits_all)
-        last = self._graphs.get(sched)
-        if last is None or last[0] != key:
-            sched.reset()
-            g, inputs, logits = self._build(n_tokens, n_kv, logits_all)
-            if not sched.alloc_graph(g):
-                raise RuntimeError("the scheduler could not allocate the graph")
-            self._graphs[sched] = last = (key, g, inputs, logits)
-        return (sched,) + last[1:]
+        if n_tokens != 1:
+            if self._prompt is None or self._prompt[0] != key:
+                self._prompt = (key,) + self._alloc(self.sched, key)[1:]
+            return (self.sched,) + self._prompt[1:]
+        hit = self._decode.get(key)
+        if hit is None:
+            if self._decode_free:
+                sched = self._decode_free.pop()
+            elif len(self._decode) < DECODE_GRAPHS:
+                sched = Scheduler(self.backends, graph_size=self.sched.graph_size)
+                self._reserve(sched, 1)
+            else:                  # the least recently used window gives up its scheduler
+                sched = self._decode.popitem(last=False)[1][0]
+            hit = self._decode[key] = self._alloc(sched, key)
+        self._decode.move_to_end(key)
+        return hit
 
     # -- running -------------------------------------------------------------------------------------
     def eval(self, tokens, logits_all=True):
