@@ -413,6 +413,9 @@ for _name, _f in [("norm", norm_ref), ("rms_norm", rms_norm_ref)]:
          lambda a, f=_f: f(a, 1e-5))
     case(f"{_name}(permuted)", "norm", [f32(6, 20, 3)], lambda a, op=_op: op(ops.permute(a, 1, 0, 2, 3), 1e-5),
          lambda a, f=_f: f(np_permute(a, 1, 0, 2, 3), 1e-5))
+    for _ne0 in (300, 2600):   # rows longer than the 8 values per thread that CUDA keeps in registers
+        case(f"{_name}(rows of {_ne0})", "norm", [f32(_ne0, 2)], lambda a, op=_op: op(a, 1e-5),
+             lambda a, f=_f: f(a, 1e-5))
 
 
 # -- soft_max, diag_mask_inf -----------------------------------------------------------------------
