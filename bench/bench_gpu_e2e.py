@@ -112,7 +112,7 @@ def bench(name, args):
     lazyggml_run(model, args, rng, clock)               # warm-up: kernels loaded, graphs captured
     ours, theirs = [], []
     for _ in range(args.runs):
-        theirs.append(llama_bench(args.llama_bench, path, args))
+        theirs.append(llama_bench(args.llama_bench, path, args) if args.llama_bench else (float("nan"),) * 3)
         ours.append(lazyggml_run(model, args, rng, clock))
         print(name, "llama.cpp", theirs[-1], "lazyggml", ours[-1][:3], flush=True)
     clock.close()
@@ -140,7 +140,7 @@ def table(rows, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-bench", required=True, help="llama.cpp's llama-bench executable")
+    ap.add_argument("--llama-bench", help="llama.cpp's llama-bench executable (without it: lazyggml alone)")
     model_args(ap, "llama-1b,llama-8b", "/tmp/lazyggml-e2e")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--write", help="also write the table to this file")
