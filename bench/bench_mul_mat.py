@@ -30,15 +30,17 @@ import numba  # noqa: E402
 
 from lazyggml.backends.cpu import matmul as M  # noqa: E402
 from lazyggml.backends.cpu import simd  # noqa: E402
-from lazyggml.types import Type, row_size, type_size  # noqa: E402
+from lazyggml.types import Type, blck_size, row_size, type_size  # noqa: E402
 
 import ggml  # noqa: E402  (ggml-python)
 from run_info import cpu_model, git_commit, sched_policy  # noqa: E402
 
 M_ROWS, K = 4096, 14336
-ROWS = [(Type.Q4_K, 1), (Type.Q4_K, 2), (Type.Q4_K, 4), (Type.Q4_K, 8), (Type.Q4_K, 512),
-        (Type.Q6_K, 1), (Type.Q6_K, 512), (Type.Q8_0, 1), (Type.Q8_0, 512)]
-SCALE_OFFSETS = {Type.Q4_K: (0, 2), Type.Q6_K: (208,), Type.Q8_0: (0,)}
+ROWS = [(Type.Q4_K, 1), (Type.Q4_K, 2), (Type.Q4_K, 4), (Type.Q4_K, 8), (Type.Q4_K, 512)] + [
+    (t, n) for t in (Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1) for n in (1, 512)]
+# byte offsets of the fp16 scales in each block (random bytes there could be inf/NaN)
+SCALE_OFFSETS = {Type.Q4_K: (0, 2), Type.Q5_K: (0, 2), Type.Q6_K: (208,), Type.Q8_0: (0,), Type.Q4_0: (0,),
+                 Type.Q4_1: (0, 2), Type.Q5_0: (0,), Type.Q5_1: (0, 2)}
 
 
 class GGMLMulMat:
@@ -81,7 +83,7 @@ class GGMLMulMat:
 
 
 def random_weights(rng, t, m, k):
-    nb = m * (k // (256 if t in (Type.Q4_K, Type.Q6_K) else 32))
+    nb = m * k // blck_size(t)
     b = rng.integers(0, 256, (nb, type_size(t)), dtype=np.uint8)
     for o in SCALE_OFFSETS[t]:
         b[:, o:o + 2] = rng.uniform(1e-3, 1e-2, nb).astype(np.float16).view(np.uint8).reshape(-1, 2)
@@ -124,7 +126,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
     ap.add_argument("--write", metavar="PATH", help="also write the markdown results file")
+    ap.add_argument("--types", help="only these weight types, comma-separated (e.g. q4_1,q5_0)")
     args = ap.parse_args()
+    rows = ROWS if not args.types else [(t, n) for t, n in ROWS
+                                        if t.name.lower() in args.types.lower().split(",")]
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     rounds = 3 if args.quick else 5
@@ -135,7 +140,7 @@ def main():
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print(hdr[0])
     print(hdr[1])
-    for t, n in ROWS:
+    for t, n in rows:
         budget = (6.0 if n < 100 else 16.0) * (0.5 if args.quick else 1.0)
         to, tg, mo, mg, err, runs = bench_row(rng, t, n, args.threads, rounds, budget)
         flops = 2.0 * M_ROWS * n * K

@@ -150,7 +150,7 @@ def test_mul_mat_vs_numpy_and_ggml(t):
         g = ggml_mul_mat(wbytes, t, x)
         err = rel(dst, g)
         assert err <= 1e-4, (t.name, k, m, n, err)
-        if t in (Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0) and simd.HAVE_AVX2 \
+        if TYPE_TRAITS_CPU[t].fast and t not in (Type.F32, Type.F16, Type.BF16) and simd.HAVE_AVX2 \
                 and "fma" in simd._FEATURES:
             # same activation quantizer, same integer lanes, same FMA order as GGML's AVX2 code
             assert np.array_equal(dst, g), (t.name, k, m, n, err)
@@ -238,8 +238,8 @@ def test_vec_dot_fast_vs_ref(t):
             assert abs(fast - exact) <= tol, (t.name, n, fast, exact)
 
 
-@pytest.mark.parametrize("t", [Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0, Type.F16],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0,
+                               Type.Q5_1, Type.F16], ids=lambda t: t.name)
 def test_columns_together_equal_columns_alone(t):
     """dot_cols_* (many columns per weight row) does, per column, exactly the arithmetic of the
     single-column dot_*: a 5-column product equals 5 one-column products, bit for bit."""

@@ -31,8 +31,8 @@ unpacking being shared by ``CT`` columns. No weight repacking is needed.
 
 Numerics: per (row, column), the arithmetic is exactly that of GGML's AVX2 ``vec_dot`` (same
 activation quantizer, same integer lanes, same FMA order): on an FMA machine the fast types
-(Q4_K, Q5_K, Q6_K, Q8_0, Q4_0) match GGML's CPU backend bit for bit. Q4_1/Q5_0/Q5_1/Q2_K/Q3_K
-go through the plain reference dot products (correct, slow). Float types use FMA lanes in
+(Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) match GGML's CPU backend bit for bit. Q2_K and
+Q3_K go through the plain reference dot products (correct, slow). Float types use FMA lanes in
 another order than GGML's (relative differences ~1e-7).
 
 Entry points: ``mul_mat(w, wtype, x, dst)``, and ``mul_mat_steps`` (the same as kernel calls
@@ -60,8 +60,8 @@ _kernel = njit(cache=True)
 _parallel = njit(cache=True, parallel=True)
 
 # weight types by path; the ids are GGML's type ids, passed to the njit switches below
-FAST_TYPES = (Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0)
-REF_TYPES = (Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q2_K, Type.Q3_K)
+FAST_TYPES = (Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1)
+REF_TYPES = (Type.Q2_K, Type.Q3_K)
 FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
 SUPPORTED_TYPES = FAST_TYPES + REF_TYPES + FLOAT_TYPES
 
@@ -199,6 +199,12 @@ def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
                 tmp[0] = V.dot_q5_K_q8_K(n, x, yq, yo)
             elif kid == _Q8_0:
                 tmp[0] = V.dot_q8_0_q8_0(n, x, yq, yo)
+            elif kid == _Q4_1:
+                tmp[0] = V.dot_q4_1_q8_1(n, x, yq, yo)
+            elif kid == _Q5_0:
+                tmp[0] = V.dot_q5_0_q8_0(n, x, yq, yo)
+            elif kid == _Q5_1:
+                tmp[0] = V.dot_q5_1_q8_1(n, x, yq, yo)
             else:
                 tmp[0] = V.dot_q4_0_q8_0(n, x, yq, yo)
         elif kid == _Q4_K:
@@ -209,6 +215,12 @@ def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
             V.dot_cols_q5_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         elif kid == _Q8_0:
             V.dot_cols_q8_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        elif kid == _Q4_1:
+            V.dot_cols_q4_1_q8_1(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        elif kid == _Q5_0:
+            V.dot_cols_q5_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        elif kid == _Q5_1:
+            V.dot_cols_q5_1_q8_1(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         else:
             V.dot_cols_q4_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         for c in range(nc):
@@ -240,13 +252,7 @@ def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
 
 @_kernel
 def _dot_ref(kid, n, x, y):
-    if kid == _Q4_1:
-        return V.vec_dot_q4_1_q8_1_ref(n, x, y)
-    elif kid == _Q5_0:
-        return V.vec_dot_q5_0_q8_0_ref(n, x, y)
-    elif kid == _Q5_1:
-        return V.vec_dot_q5_1_q8_1_ref(n, x, y)
-    elif kid == _Q2_K:
+    if kid == _Q2_K:
         return V.vec_dot_q2_K_q8_K_ref(n, x, y)
     else:
         return V.vec_dot_q3_K_q8_K_ref(n, x, y)

@@ -32,8 +32,8 @@ All rows are raw bytes (``uint8`` 1-D arrays, the weight row starting at x[0]; `
 offset into y), in GGML's block
 layouts (docs/quant-formats.md §1). Float rows (F32/F16/BF16) are bytes too for ``vec_dot_*``;
 the matmul's float path uses ``dot_cols_f32/f16/bf16`` with typed weight rows instead.
-Q4_1/Q5_0/Q5_1/Q2_K/Q3_K have reference kernels only (``traits.py`` marks them ``fast=False``);
-the matmul runs them through those, with the same quantized activations as GGML.
+Q2_K/Q3_K have reference kernels only (``traits.py`` marks them ``fast=False``); the matmul
+runs them through those, with the same quantized activations as GGML.
 """
 from __future__ import annotations
 
@@ -848,6 +848,138 @@ def dot_cols_q8_0_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out):
 @_fast
 def dot_cols_q4_0_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out):
     _q8_0_cols(n, x, y, yo, ycs, ybs, nc, acc, out, Q4_0_SIZE, True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Q4_1 x Q8_1, Q5_0 x Q8_0, Q5_1 x Q8_1: 32-element blocks, GGML's AVX2 kernels lane for lane.
+# Q4_1/Q5_1 quants are unsigned (x = d·q + m): an unsigned x signed product, and the min term
+# m·s per block (s = the q8_1 block's d·Σq) summed apart, as GGML's ``summs``. Q5_0 quants are
+# q − 16, signed, as Q4_0's. The fifth bit of element j is bit j of the block's 32-bit ``qh``.
+# ------------------------------------------------------------------------------------------------
+Q4_1_SIZE, Q5_0_SIZE, Q5_1_SIZE, Q8_1_SIZE = 20, 22, 24, 36
+
+# byte v of qh -> 8 bytes, byte i = 0x10 if bit i of v is set (as two uint32 words)
+_QH_BYTES = np.array([[0x10 if (v >> i) & 1 else 0 for i in range(8)] for v in range(256)],
+                     np.uint8).view(np.uint32).reshape(-1)
+
+
+@njit(inline="always")
+def _q5_high_bits(x, o):
+    """The 32 bits of ``qh`` at byte ``o`` as 32 bytes: 0x10 where the bit is set (GGML's
+    ``bytes_from_bits_32``, by a table instead of a byte shuffle)."""
+    qh = load_u32(x, o)
+    t = _QH_BYTES
+    b0, b1, b2, b3 = 2 * (qh & 0xFF), 2 * ((qh >> 8) & 0xFF), 2 * ((qh >> 16) & 0xFF), 2 * (qh >> 24)
+    return concat(u32x4_to_i8x16(t[b0], t[b0 + 1], t[b1], t[b1 + 1]),
+                  u32x4_to_i8x16(t[b2], t[b2 + 1], t[b3], t[b3 + 1]))
+
+
+@njit(inline="always")
+def _nibbles(x, o):
+    """16 bytes at ``o`` -> 32 quants: low nibbles are elements 0-15, high ones 16-31."""
+    raw = load_i8x16(x, o)
+    m4 = simd.splat_i8x16(0xF)
+    return concat(vand(raw, m4), vand(vsrl(raw, 4), m4))
+
+
+@njit(inline="always")
+def _legacy_unpack(x, xb, kind):
+    """One block's 32 quants: kind 0 = Q4_1 (0..15), 1 = Q5_0 (−16..15), 2 = Q5_1 (0..31)."""
+    if kind == 0:
+        return _nibbles(x, xb + 4)
+    if kind == 1:
+        return vsub(vor(_nibbles(x, xb + 6), _q5_high_bits(x, xb + 2)), splat_i8x32(16))
+    return vor(_nibbles(x, xb + 8), _q5_high_bits(x, xb + 4))
+
+
+@njit(inline="always")
+def _legacy_block(x, xb, y, yb, kind, qx, acc, summs):
+    """Block ``xb`` of x (already unpacked to ``qx``) against block ``yb`` of y: GGML's
+    ``acc = fma(dx·dy, float(lanes), acc)`` and, with a min, ``summs += m·s`` (fused, as GCC
+    compiles it)."""
+    d = _F16[load_u16(x, xb)] * _F16[load_u16(y, yb)]
+    if kind == 1:
+        return fma(splat_f32x8(d), _q8_block_f32(vabs(qx), qx, load_i8x32(y, yb + 2)), acc), summs
+    summs = _fmaf(_F16[load_u16(x, xb + 2)], _F16[load_u16(y, yb + 2)], summs)
+    return fma(splat_f32x8(d), to_f32(dot4_acc(splat_i32x8(0), qx, load_i8x32(y, yb + 4))), acc), summs
+
+
+@njit(inline="always")
+def _legacy_dot(n, x, y, yo, kind, xbs, ybs):
+    acc = splat_f32x8(0.0)
+    summs = np.float32(0.0)
+    for i in range(n // 32):
+        xb = i * xbs
+        acc, summs = _legacy_block(x, xb, y, yo + i * ybs, kind, _legacy_unpack(x, xb, kind), acc, summs)
+    return hsum_f32x8(acc) + summs
+
+
+@njit(inline="always")
+def _legacy_cols(n, x, y, yo, ycs, ybs, nc, acc, out, kind, xbs):
+    """dot_cols for the legacy types: each block unpacked once, then used for every column; the
+    column's 8 float lanes wait in ``acc`` (bytes ``64c ..``) and its ``summs`` in ``acc[16c + 8]``."""
+    zero = splat_f32x8(0.0)
+    for c in range(nc):
+        store_f32x8(acc, 4 * ACC_PER_COL * c, zero)
+        acc[ACC_PER_COL * c + 8] = np.float32(0.0)
+    for i in range(n // 32):
+        xb = i * xbs
+        qx = _legacy_unpack(x, xb, kind)
+        for c in range(nc):
+            a, sm = _legacy_block(x, xb, y, yo + c * ycs + i * ybs, kind, qx,
+                                  load_f32x8(acc, 4 * ACC_PER_COL * c), acc[ACC_PER_COL * c + 8])
+            store_f32x8(acc, 4 * ACC_PER_COL * c, a)
+            acc[ACC_PER_COL * c + 8] = sm
+    for c in range(nc):
+        out[c] = hsum_f32x8(load_f32x8(acc, 4 * ACC_PER_COL * c)) + acc[ACC_PER_COL * c + 8]
+
+
+@_fast
+def dot_q4_1_q8_1(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_q4_1_q8_1."""
+    return _legacy_dot(n, x, y, yo, 0, Q4_1_SIZE, Q8_1_SIZE)
+
+
+@_fast
+def vec_dot_q4_1_q8_1(n, x, y):
+    return dot_q4_1_q8_1(n, x, y, n - n)  # a non-literal 0: the matmul's specialization
+
+
+@_fast
+def dot_cols_q4_1_q8_1(n, x, y, yo, ycs, ybs, nc, acc, out):
+    _legacy_cols(n, x, y, yo, ycs, ybs, nc, acc, out, 0, Q4_1_SIZE)
+
+
+@_fast
+def dot_q5_0_q8_0(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_q5_0_q8_0."""
+    return _legacy_dot(n, x, y, yo, 1, Q5_0_SIZE, Q8_0_SIZE)
+
+
+@_fast
+def vec_dot_q5_0_q8_0(n, x, y):
+    return dot_q5_0_q8_0(n, x, y, n - n)
+
+
+@_fast
+def dot_cols_q5_0_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out):
+    _legacy_cols(n, x, y, yo, ycs, ybs, nc, acc, out, 1, Q5_0_SIZE)
+
+
+@_fast
+def dot_q5_1_q8_1(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_q5_1_q8_1."""
+    return _legacy_dot(n, x, y, yo, 2, Q5_1_SIZE, Q8_1_SIZE)
+
+
+@_fast
+def vec_dot_q5_1_q8_1(n, x, y):
+    return dot_q5_1_q8_1(n, x, y, n - n)
+
+
+@_fast
+def dot_cols_q5_1_q8_1(n, x, y, yo, ycs, ybs, nc, acc, out):
+    _legacy_cols(n, x, y, yo, ycs, ybs, nc, acc, out, 2, Q5_1_SIZE)
 
 
 # ------------------------------------------------------------------------------------------------
