@@ -30,9 +30,8 @@ it reads the weights once. Prefill (many columns) is compute-bound and gains fro
 unpacking being shared by ``CT`` columns. No weight repacking is needed.
 
 Numerics: per (row, column), the arithmetic is exactly that of GGML's AVX2 ``vec_dot`` (same
-activation quantizer, same integer lanes, same FMA order): on an FMA machine the fast types
-(Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) match GGML's CPU backend bit for bit. Q2_K and
-Q3_K go through the plain reference dot products (correct, slow). Float types use FMA lanes in
+activation quantizer, same integer lanes, same FMA order): on an FMA machine every quantized
+weight type matches GGML's CPU backend bit for bit. Float types use FMA lanes in
 another order than GGML's (relative differences ~1e-7).
 
 Entry points: ``mul_mat(w, wtype, x, dst)``, and ``mul_mat_steps`` (the same as kernel calls
@@ -60,10 +59,10 @@ _kernel = njit(cache=True)
 _parallel = njit(cache=True, parallel=True)
 
 # weight types by path; the ids are GGML's type ids, passed to the njit switches below
-FAST_TYPES = (Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1)
-REF_TYPES = (Type.Q2_K, Type.Q3_K)
+QUANT_TYPES = (Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1,
+               Type.Q2_K, Type.Q3_K)
 FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
-SUPPORTED_TYPES = FAST_TYPES + REF_TYPES + FLOAT_TYPES
+SUPPORTED_TYPES = QUANT_TYPES + FLOAT_TYPES
 
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = (int(t) for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1,
                                                       Type.Q8_0))
@@ -111,11 +110,11 @@ def _quantize_row(vtid, x, y):
 
 
 @_kernel
-def _quantize_rows(vtid, x4, yq, rs, bsz, block_major, r0, r1, tmp, rowbuf):
+def _quantize_rows(vtid, x4, yq, rs, bsz, r0, r1, tmp, rowbuf):
     """Quantize activation rows r0..r1 (flattened over i3, i2, i1) into yq, rs bytes per row.
 
     The row is first copied into the contiguous tmp, so strided x costs one gather, not a
-    recompile. With block_major, the blocks of a batch's ne11 columns are interleaved: column c's
+    recompile. The blocks of a batch's ne11 columns are interleaved (block-major): column c's
     block i lands at batch_base + (i*ne11 + c)*bsz, so the kernels that walk block i of a tile of
     columns read one contiguous stretch of memory (hardware prefetchers follow it; 16 separate
     column streams they follow less well)."""
@@ -125,9 +124,6 @@ def _quantize_rows(vtid, x4, yq, rs, bsz, block_major, r0, r1, tmp, rowbuf):
         i2 = (r // ne11) % ne12
         i3 = r // (ne11 * ne12)
         tmp[:] = x4[i3, i2, i1, :]
-        if not block_major:
-            _quantize_row(vtid, tmp, yq[r * rs:(r + 1) * rs])
-            continue
         _quantize_row(vtid, tmp, rowbuf)
         base = (r - i1) * rs + i1 * bsz
         for i in range(rs // bsz):
@@ -136,21 +132,21 @@ def _quantize_rows(vtid, x4, yq, rs, bsz, block_major, r0, r1, tmp, rowbuf):
 
 
 @_parallel
-def _quantize_acts_par(vtid, x4, yq, rs, bsz, block_major, nth):
+def _quantize_acts_par(vtid, x4, yq, rs, bsz, nth):
     nrows = x4.shape[0] * x4.shape[1] * x4.shape[2]
     nth = min(nth, nrows)
     for th in prange(nth):
         tmp = np.empty(x4.shape[3], np.float32)
         rowbuf = np.empty(rs, np.uint8)
-        _quantize_rows(vtid, x4, yq, rs, bsz, block_major, th * nrows // nth,
+        _quantize_rows(vtid, x4, yq, rs, bsz, th * nrows // nth,
                        (th + 1) * nrows // nth, tmp, rowbuf)
 
 
 @_kernel
-def _quantize_acts(vtid, x4, yq, rs, bsz, block_major):
+def _quantize_acts(vtid, x4, yq, rs, bsz):
     tmp = np.empty(x4.shape[3], np.float32)
     rowbuf = np.empty(rs, np.uint8)
-    _quantize_rows(vtid, x4, yq, rs, bsz, block_major, 0, x4.shape[0] * x4.shape[1] * x4.shape[2],
+    _quantize_rows(vtid, x4, yq, rs, bsz, 0, x4.shape[0] * x4.shape[1] * x4.shape[2],
                    tmp, rowbuf)
 
 
@@ -205,6 +201,10 @@ def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
                 tmp[0] = V.dot_q5_0_q8_0(n, x, yq, yo)
             elif kid == _Q5_1:
                 tmp[0] = V.dot_q5_1_q8_1(n, x, yq, yo)
+            elif kid == _Q2_K:
+                tmp[0] = V.dot_q2_K_q8_K(n, x, yq, yo)
+            elif kid == _Q3_K:
+                tmp[0] = V.dot_q3_K_q8_K(n, x, yq, yo)
             else:
                 tmp[0] = V.dot_q4_0_q8_0(n, x, yq, yo)
         elif kid == _Q4_K:
@@ -221,6 +221,10 @@ def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
             V.dot_cols_q5_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         elif kid == _Q5_1:
             V.dot_cols_q5_1_q8_1(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        elif kid == _Q2_K:
+            V.dot_cols_q2_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        elif kid == _Q3_K:
+            V.dot_cols_q3_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         else:
             V.dot_cols_q4_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         for c in range(nc):
@@ -246,42 +250,6 @@ def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
     tmp = np.empty(CT, np.float32)
     for t in range(_n_tasks(w4, dst, RT, CT)):
         _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp)
-
-
-# ---- quantized weights through the reference dot products ---------------------------------------
-
-@_kernel
-def _dot_ref(kid, n, x, y):
-    if kid == _Q2_K:
-        return V.vec_dot_q2_K_q8_K_ref(n, x, y)
-    else:
-        return V.vec_dot_q3_K_q8_K_ref(n, x, y)
-
-
-@_kernel
-def _task_ref(kid, n, w4, yq, rs, dst, t, RT, CT):
-    j3, j2, i3, i2, r0, r1, c0, nc = _task_geometry(t, w4, dst, RT, CT)
-    for c in range(c0, c0 + nc):
-        yo = ((i3 * dst.shape[1] + i2) * dst.shape[2] + c) * rs
-        for r in range(r0, r1):
-            dst[i3, i2, c, r] = _dot_ref(kid, n, w4[j3, j2, r], yq[yo:yo + rs])
-
-
-@_parallel
-def _run_ref_par(kid, n, w4, yq, rs, dst, RT, CT, nth):
-    ntasks = _n_tasks(w4, dst, RT, CT)
-    counter = np.zeros(1, np.int64)
-    for _ in prange(min(nth, ntasks)):
-        t = simd.fetch_add(counter, 0, 1)
-        while t < ntasks:
-            _task_ref(kid, n, w4, yq, rs, dst, t, RT, CT)
-            t = simd.fetch_add(counter, 0, 1)
-
-
-@_kernel
-def _run_ref(kid, n, w4, yq, rs, dst, RT, CT):
-    for t in range(_n_tasks(w4, dst, RT, CT)):
-        _task_ref(kid, n, w4, yq, rs, dst, t, RT, CT)
 
 
 # ---- float weights --------------------------------------------------------------------------------
@@ -428,21 +396,15 @@ def mul_mat_steps(w, wtype, x, dst, nth):
     vt = VEC_DOT_TYPE[wtype]
     rs = row_size(vt, ne10)
     bsz = _block_bytes(int(vt))
-    fast = wtype in FAST_TYPES
     yq = _scratch("yq", rs * nrows_x)
     if nrows_x > 1 and parallel:
-        steps = [(_quantize_acts_par, (int(vt), x, yq, rs, bsz, fast, nth))]
+        steps = [(_quantize_acts_par, (int(vt), x, yq, rs, bsz, nth))]
     else:
-        steps = [(_quantize_acts, (int(vt), x, yq, rs, bsz, fast))]
-    if fast:
-        if parallel:
-            steps.append((_run_fast_par, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth)))
-        else:
-            steps.append((_run_fast, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT)))
-    elif parallel:
-        steps.append((_run_ref_par, (int(wtype), ne10, w, yq, rs, dst, RT, CT, nth)))
+        steps = [(_quantize_acts, (int(vt), x, yq, rs, bsz))]
+    if parallel:
+        steps.append((_run_fast_par, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth)))
     else:
-        steps.append((_run_ref, (int(wtype), ne10, w, yq, rs, dst, RT, CT)))
+        steps.append((_run_fast, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT)))
     return steps
 
 

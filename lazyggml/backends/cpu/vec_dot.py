@@ -32,8 +32,8 @@ All rows are raw bytes (``uint8`` 1-D arrays, the weight row starting at x[0]; `
 offset into y), in GGML's block
 layouts (docs/quant-formats.md §1). Float rows (F32/F16/BF16) are bytes too for ``vec_dot_*``;
 the matmul's float path uses ``dot_cols_f32/f16/bf16`` with typed weight rows instead.
-Q2_K/Q3_K have reference kernels only (``traits.py`` marks them ``fast=False``); the matmul
-runs them through those, with the same quantized activations as GGML.
+Every quantized weight type has all three. Q2_K/Q3_K's ``dot_cols`` still unpack the weight
+blocks once per column (one ``dot`` per column), so their prefill gains less than the others'.
 """
 from __future__ import annotations
 
@@ -980,6 +980,128 @@ def vec_dot_q5_1_q8_1(n, x, y):
 @_fast
 def dot_cols_q5_1_q8_1(n, x, y, yo, ycs, ybs, nc, acc, out):
     _legacy_cols(n, x, y, yo, ycs, ybs, nc, acc, out, 2, Q5_1_SIZE)
+
+
+# ------------------------------------------------------------------------------------------------
+# Q2_K x Q8_K and Q3_K x Q8_K: GGML's AVX2 kernels. Per 32 quants of sub-block pair (2s, 2s+1):
+# maddubs (unsigned 2-bit quants x signed activations) to 16 int16 pair sums, then madd with the
+# pair's two scales (8 lanes each), into 8 int32 lanes; one FMA per super-block. Q2_K's mins go
+# through the activations' bsums (dmin·Σ min_s·bsum_s, one FMA before the quants'); Q3_K's third
+# bit subtracts 4 where its hmask bit is clear, and its 6-bit scales are stored minus 32.
+# ------------------------------------------------------------------------------------------------
+Q2_K_SIZE, Q3_K_SIZE = 84, 110
+
+
+@njit(inline="always")
+def _k2_pair(q, hi, q8, scales, s):
+    """madd(scales of sub-blocks s, s+1; maddubs(q, q8) − maddubs(hi, q8)) as 8 int32 lanes."""
+    p = maddubs(q, q8)
+    if hi is not None:
+        p = vsub(p, maddubs(hi, q8))
+    return madd(bcast_pair16(scales, s), p)
+
+
+@njit(inline="always")
+def _q2_K_half(x, qo, y, yo, scales, s0):
+    """128 quants (32 bytes of 2-bit fields at ``qo``) against their 128 activations."""
+    m3 = splat_i8x32(3)
+    q2 = load_i8x32(x, qo)
+    p0 = _k2_pair(vand(q2, m3), None, load_i8x32(y, yo), scales, s0)
+    p1 = _k2_pair(vand(vsrl(q2, 2), m3), None, load_i8x32(y, yo + 32), scales, s0 + 2)
+    p2 = _k2_pair(vand(vsrl(q2, 4), m3), None, load_i8x32(y, yo + 64), scales, s0 + 4)
+    p3 = _k2_pair(vand(vsrl(q2, 6), m3), None, load_i8x32(y, yo + 96), scales, s0 + 6)
+    return vadd(vadd(p0, p1), vadd(p2, p3))
+
+
+@njit(inline="always")
+def _q2_K_dot(n, x, y, yo, ybs):
+    """GGML's AVX2 ggml_vec_dot_q2_K_q8_K; the activations' blocks ``ybs`` bytes apart."""
+    acc = splat_f32x8(0.0)
+    m4 = simd.splat_i8x16(0xF)
+    for i in range(n // QK_K):
+        xb = i * Q2_K_SIZE
+        yb = yo + i * ybs
+        yd = load_f32(y, yb)
+        d = yd * _F16[load_u16(x, xb + 80)]
+        dmin = -yd * _F16[load_u16(x, xb + 82)]
+        ms = load_i8x16(x, xb)
+        scales = sext(vand(ms, m4))
+        prod = madd(sext(vand(vsrl(ms, 4), m4)), load_i16x16(y, yb + 4 + QK_K))
+        acc = fma(splat_f32x8(dmin), to_f32(prod), acc)
+        sumi = vadd(_q2_K_half(x, xb + 16, y, yb + 4, scales, 0), _q2_K_half(x, xb + 48, y, yb + 132, scales, 8))
+        acc = fma(splat_f32x8(d), to_f32(sumi), acc)
+    return hsum_f32x8(acc)
+
+
+@njit(inline="always")
+def _q3_K_half(x, qo, hb, y, yo, scales, s0):
+    """Q2_K's half with the third bit: ``hb``'s bits 0-3 (clear: −4) belong to the four 32-quant runs."""
+    m3 = splat_i8x32(3)
+    one = splat_i8x32(1)
+    q3 = load_i8x32(x, qo)
+    p0 = _k2_pair(vand(q3, m3), vsll(vsub(one, vand(hb, one)), 2), load_i8x32(y, yo), scales, s0)
+    p1 = _k2_pair(vand(vsrl(q3, 2), m3), vsll(vsub(one, vand(vsrl(hb, 1), one)), 2), load_i8x32(y, yo + 32),
+                  scales, s0 + 2)
+    p2 = _k2_pair(vand(vsrl(q3, 4), m3), vsll(vsub(one, vand(vsrl(hb, 2), one)), 2), load_i8x32(y, yo + 64),
+                  scales, s0 + 4)
+    p3 = _k2_pair(vand(vsrl(q3, 6), m3), vsll(vsub(one, vand(vsrl(hb, 3), one)), 2), load_i8x32(y, yo + 96),
+                  scales, s0 + 6)
+    return vadd(vadd(p0, p1), vadd(p2, p3))
+
+
+@njit(inline="always")
+def _q3_K_dot(n, x, y, yo, ybs):
+    """GGML's AVX2 ggml_vec_dot_q3_K_q8_K; the activations' blocks ``ybs`` bytes apart."""
+    acc = splat_f32x8(0.0)
+    for i in range(n // QK_K):
+        xb = i * Q3_K_SIZE
+        yb = yo + i * ybs
+        d = load_f32(y, yb) * _F16[load_u16(x, xb + 108)]
+        a0, a1, a2 = load_u32(x, xb + 96), load_u32(x, xb + 100), load_u32(x, xb + 104)
+        k2, k1 = 0x0F0F0F0F, 0x03030303
+        sc = u32x4_to_i8x16((a0 & k2) | ((a2 & k1) << 4), (a1 & k2) | (((a2 >> 2) & k1) << 4),
+                            ((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4), ((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4))
+        scales = sext(vsub(sc, simd.splat_i8x16(32)))
+        hb = load_i8x32(x, xb)
+        sumi = vadd(_q3_K_half(x, xb + 32, hb, y, yb + 4, scales, 0),
+                    _q3_K_half(x, xb + 64, vsrl(hb, 4), y, yb + 132, scales, 8))
+        acc = fma(splat_f32x8(d), to_f32(sumi), acc)
+    return hsum_f32x8(acc)
+
+
+@_fast
+def dot_q2_K_q8_K(n, x, y, yo):
+    return _q2_K_dot(n, x, y, yo, Q8_K_SIZE)
+
+
+@_fast
+def vec_dot_q2_K_q8_K(n, x, y):
+    return dot_q2_K_q8_K(n, x, y, n - n)  # a non-literal 0: the matmul's specialization
+
+
+@_fast
+def dot_cols_q2_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
+    """One dot product per column, each as dot_q2_K_q8_K's (the weight blocks are unpacked per
+    column: sharing them across columns, as the other dot_cols do, is still to come)."""
+    for c in range(nc):
+        out[c] = _q2_K_dot(n, x, y, yo + c * ycs, ybs)
+
+
+@_fast
+def dot_q3_K_q8_K(n, x, y, yo):
+    return _q3_K_dot(n, x, y, yo, Q8_K_SIZE)
+
+
+@_fast
+def vec_dot_q3_K_q8_K(n, x, y):
+    return dot_q3_K_q8_K(n, x, y, n - n)
+
+
+@_fast
+def dot_cols_q3_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
+    """As dot_cols_q2_K_q8_K."""
+    for c in range(nc):
+        out[c] = _q3_K_dot(n, x, y, yo + c * ycs, ybs)
 
 
 # ------------------------------------------------------------------------------------------------
