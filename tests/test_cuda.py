@@ -613,11 +613,16 @@ if CHILD:
         assert nmse(got, ref) <= QUANT_NMSE
         assert nmse(got, q8_1_reference(Wd, X, mmq_q8_1_model, q4_K_mins(wb, 512))) <= 1e-10
 
-    def test_sim_dequantize_then_gemm(be, rng):
-        """Q6_K and Q8_0 with more than 8 columns: dequantized to F32, then the tiled GEMM."""
-        for type_, k in ((lg.Q6_K, 256), (lg.Q8_0, 64)):
-            got, ref, _, _, _ = mul_mat_on(lg, be, type_, 3, k, (k, 9, 1, 1), rng)
-            assert nmse(got, ref) <= 1e-12
+    @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q5_K", "Q6_K"])
+    def test_sim_dequantize_then_gemm(be, rng, type_name):
+        """Types without mmq (more than 8 columns) or without mmvq (1 column): dequantized to F32
+        (the simulator has no tensor cores), then the float kernels; the values are the CPU's
+        dequantization, so only the float products' rounding remains."""
+        from lazyggml.backends.cuda.mmvq import VEC_DOT
+        type_ = getattr(lg, type_name)
+        for n in (9,) if type_ in VEC_DOT else (9, 1):      # (mmvq: test_sim_mmvq)
+            got, ref, _, _, _ = mul_mat_on(lg, be, type_, 3, 256, (256, n, 1, 1), rng)
+            assert nmse(got, ref) <= 1e-12, n
 
     @pytest.mark.parametrize("type_name", ["F32", "F16"])
     @pytest.mark.parametrize("n", [2, 70])
@@ -633,7 +638,7 @@ if CHILD:
     def test_sim_unsupported_ops_are_refused(be):
         ctx = lg.Context()
         bad = [
-            lg.mul_mat(ctx.new_tensor_2d(lg.Q4_0, 64, 4), ctx.new_tensor_2d(lg.F32, 64, 1)),   # no kernel
+            lg.mul_mat(ctx.new_tensor_2d(lg.BF16, 64, 4), ctx.new_tensor_2d(lg.F32, 64, 1)),   # no kernel
             lg.mul_mat(ctx.new_tensor_2d(lg.Q4_K, 256, 4), ctx.new_tensor_2d(lg.F16, 256, 1)),  # F16 src1
             lg.add(ctx.new_tensor_1d(lg.F16, 4), ctx.new_tensor_1d(lg.F16, 4)),
             lg.cpy(ctx.new_tensor_1d(lg.F32, 4), ctx.new_tensor_1d(lg.BF16, 4)),
