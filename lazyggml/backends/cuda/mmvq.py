@@ -1,6 +1,7 @@
 """mmvq: quantized matrix times a few vectors (GGML's ``mul_mat_vec_q``, docs/quant-formats.md §6.2-6.3).
 
-Used for ``mul_mat(W, x)`` with W in Q4_K, Q6_K or Q8_0 and x of at most 8 columns (decoding).
+Used for ``mul_mat(W, x)`` with W in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K or Q6_K and x of at most 8
+columns (decoding).
 x is first quantized to q8_1 (``quantize.py``); each output is then a sum of integer dot products
 of weight quants with activation quants, scaled per block.
 
@@ -18,6 +19,7 @@ weight block ``kbx = l / (qi/vdr)`` with quant offset ``iqs = vdr·(l % (qi/vdr)
 | Q4_K | 256 | 32 | 8 | 4 | 8 / 1 |
 | Q6_K | 256 | 32 | 8 | 4 | 8 / 1 |
 | Q8_0 | 32 | 8 | 2 | 4 | 8 / 1 |
+| Q4_0, Q4_1, Q5_0, Q5_1 | 32 | 4 | 2 | 2 | 16 / 2 |
 
 GGML gives Q4_K ``vdr = 2`` (16 threads per super-block) and Q6_K ``vdr = 1``. Here a lane takes a
 whole 64-value chunk of Q4_K, so the block's scales, ``d`` and ``dmin`` are decoded once per 64
@@ -199,6 +201,67 @@ def vec_dot_q8_0_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
     return np.float32(vx_h[b, 0]) * np.float32(vy_h[yb, 0]) * np.float32(sumi)
 
 
+# -- the 32-value types: Q4_0 (18 bytes), Q4_1 (20), Q5_0 (22), Q5_1 (24) ----------------------------
+# A lane takes ints iqs, iqs+1 of the block's 4 quant ints (vdr = 2, two lanes per block): int w
+# holds elements 4w..4w+3 in its low nibbles (q8_1 int w) and 16+4w.. in its high ones (int 4+w).
+# The activations' sums are recounted from their quants (dp4a with ONES) for the −8/−16 offsets
+# and the mins, as the K-quant kernels do, rather than taken from the q8_1 block's rounded s.
+@device
+def _fifth_bits(qh, w):
+    """Bits 4w..4w+3 of ``qh`` as bit 4 of bytes 0..3 (the fifth bits of int w's four values)."""
+    h = qh >> (4 * w)
+    return ((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25)
+
+
+@device
+def _dot_32(v0, v1, qh, vy, yb, iqs):
+    """(Σ q·u, Σ u) over the lane's 16 values: ints v0, v1 of nibbles, with the fifth bits taken
+    from ``qh`` (0 for the 4-bit types; the high nibbles' bits are 16 further on)."""
+    sumi = su = I0
+    for i in range(2):
+        v = v0 if i == 0 else v1
+        u_lo = vy[yb, 1 + iqs + i]
+        u_hi = vy[yb, 5 + iqs + i]
+        sumi = dp4a((v & M4) | _fifth_bits(qh, iqs + i), u_lo, sumi)
+        sumi = dp4a(((v >> 4) & M4) | _fifth_bits(qh >> 16, iqs + i), u_hi, sumi)
+        su = dp4a(ONES, u_lo, dp4a(ONES, u_hi, su))
+    return sumi, su
+
+
+@device
+def vec_dot_q4_0_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
+    """Q4_0 (uint16 view, 9 half-words: d | qs): d·d8·Σ (q − 8)·u."""
+    b, yb = np.uint32(kbx), np.uint32(kby)
+    sumi, su = _dot_32(_int_b2(vx, b, 1 + 2 * iqs), _int_b2(vx, b, 3 + 2 * iqs), I0, vy, yb, iqs)
+    return np.float32(vx_h[b, 0]) * np.float32(vy_h[yb, 0]) * np.float32(sumi - 8 * su)
+
+
+@device
+def vec_dot_q4_1_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
+    """Q4_1 (int32 view, 5 ints: d, m | qs): d·d8·Σ q·u + m·d8·Σ u."""
+    b, yb = np.uint32(kbx), np.uint32(kby)
+    sumi, su = _dot_32(vx[b, 1 + iqs], vx[b, 2 + iqs], I0, vy, yb, iqs)
+    d8 = np.float32(vy_h[yb, 0])
+    return np.float32(vx_h[b, 0]) * d8 * np.float32(sumi) + np.float32(vx_h[b, 1]) * d8 * np.float32(su)
+
+
+@device
+def vec_dot_q5_0_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
+    """Q5_0 (uint16 view, 11 half-words: d | qh | qs): d·d8·Σ (q − 16)·u."""
+    b, yb = np.uint32(kbx), np.uint32(kby)
+    sumi, su = _dot_32(_int_b2(vx, b, 3 + 2 * iqs), _int_b2(vx, b, 5 + 2 * iqs), _int_b2(vx, b, 1), vy, yb, iqs)
+    return np.float32(vx_h[b, 0]) * np.float32(vy_h[yb, 0]) * np.float32(sumi - 16 * su)
+
+
+@device
+def vec_dot_q5_1_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
+    """Q5_1 (int32 view, 6 ints: d, m | qh | qs): d·d8·Σ q·u + m·d8·Σ u."""
+    b, yb = np.uint32(kbx), np.uint32(kby)
+    sumi, su = _dot_32(vx[b, 2 + iqs], vx[b, 3 + iqs], vx[b, 1], vy, yb, iqs)
+    d8 = np.float32(vy_h[yb, 0])
+    return np.float32(vx_h[b, 0]) * d8 * np.float32(sumi) + np.float32(vx_h[b, 1]) * d8 * np.float32(su)
+
+
 # type -> (vec_dot, qk, qi, vdr, dtype of the quant view); the kernels see a view 2-D, one row per
 # block (``view.reshape(-1, block bytes / itemsize)``), so an index is ``[block, word]``: one
 # address computation per block, then fixed offsets; Q6_K's 210-byte blocks are not a whole number
@@ -207,6 +270,10 @@ VEC_DOT = {
     Type.Q4_K: (vec_dot_q4_K_q8_1, 256, 32, 8, np.int32),
     Type.Q6_K: (vec_dot_q6_K_q8_1, 256, 32, 8, np.int32),
     Type.Q8_0: (vec_dot_q8_0_q8_1, 32, 8, 2, np.uint16),
+    Type.Q4_0: (vec_dot_q4_0_q8_1, 32, 4, 2, np.uint16),
+    Type.Q4_1: (vec_dot_q4_1_q8_1, 32, 4, 2, np.int32),
+    Type.Q5_0: (vec_dot_q5_0_q8_1, 32, 4, 2, np.uint16),
+    Type.Q5_1: (vec_dot_q5_1_q8_1, 32, 4, 2, np.int32),
 }
 
 _kernels = {}

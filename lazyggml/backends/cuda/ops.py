@@ -7,7 +7,8 @@ honest: what they accept is what the kernels compute.
 MUL_MAT picks its kernel as below: Q4_K as GGML's ``ggml_cuda_mul_mat`` does for an H200
 (docs/quant-formats.md §6.5); the other paths are lazyggml's choice:
 
-* src0 quantized, at most 8 columns: quantize src1 to q8_1, then **mmvq** (Q4_K, Q6_K, Q8_0);
+* src0 quantized, at most 8 columns: quantize src1 to q8_1, then **mmvq** (Q4_0, Q4_1, Q5_0, Q5_1,
+  Q8_0, Q4_K, Q6_K);
   the quantized src1 stays in the backend's work area, and the next product of the same src1
   (a layer's q, k and v; gate and up) uses it as is (``CUDABackend.q8_of`` says whose it is);
 * src0 Q4_K, more columns: quantize src1 to q8_1 in the DS4 mmq layout, then **mmq**;
