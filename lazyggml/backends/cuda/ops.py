@@ -12,7 +12,7 @@ MUL_MAT picks its kernel as below: Q4_K as GGML's ``ggml_cuda_mul_mat`` does for
   the quantized src1 stays in the backend's work area, and the next product of the same src1
   (a layer's q, k and v; gate and up) uses it as is (``CUDABackend.q8_of`` says whose it is);
 * src0 Q4_K, more columns: quantize src1 to q8_1 in the DS4 mmq layout, then **mmq**;
-* any other quantized src0 (Q6_K/Q8_0 with more columns; the other types always, for now):
+* any other quantized src0 (the mmvq types with more columns; Q2_K, Q3_K, Q5_K always, for now):
   dequantize src0 to F16 scratch (F32 without tensor cores), then the float kernels (GGML's
   dequantize + cuBLAS path);
 * src0 F32/F16: ``mul_mat_vec_f`` up to 8 columns, else the tensor-core ``mul_mat_f_mma`` for F16
