@@ -239,7 +239,7 @@ def test_vec_dot_fast_vs_ref(t):
 
 
 @pytest.mark.parametrize("t", [Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0,
-                               Type.Q5_1, Type.F16], ids=lambda t: t.name)
+                               Type.Q5_1, Type.Q2_K, Type.Q3_K, Type.F16], ids=lambda t: t.name)
 def test_columns_together_equal_columns_alone(t):
     """dot_cols_* (many columns per weight row) does, per column, exactly the arithmetic of the
     single-column dot_*: a 5-column product equals 5 one-column products, bit for bit."""

@@ -253,6 +253,29 @@ def u32x4_to_i8x16(typingctx, a, b, c, d):
     return i8x16(a, b, c, d), codegen
 
 
+@intrinsic
+def bits_to_bytes(typingctx, x, val):
+    """``<32 x i8>`` whose byte j is ``val`` where bit j of the 32-bit ``x`` is set, else 0 (GGML's
+    ``bytes_from_bits_32``: the fifth bits of Q5_0/Q5_1). Byte k of ``x`` is broadcast to bytes
+    8k..8k+7, each tested against its own bit (a byte shuffle, an and, a compare)."""
+    if not (isinstance(x, types.Integer) and isinstance(val, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8 = ir.IntType(8)
+        w = builder.trunc(context.cast(builder, args[0], sig.args[0], types.uint64), _I32)
+        b4 = builder.bitcast(w, ir.VectorType(i8, 4))
+        spread = builder.shuffle_vector(b4, b4, _const_mask([k // 8 for k in range(32)]))
+        bits = ir.Constant(ir.VectorType(i8, 32), [1 << (k % 8) for k in range(32)])
+        on = builder.icmp_unsigned("!=", builder.and_(spread, bits), ir.Constant(ir.VectorType(i8, 32), [0] * 32))
+        v = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), i8)
+        vv = builder.insert_element(ir.Constant(ir.VectorType(i8, 32), ir.Undefined), v, ir.Constant(_I32, 0))
+        vv = builder.shuffle_vector(vv, vv, _const_mask([0] * 32))
+        return builder.select(on, vv, ir.Constant(ir.VectorType(i8, 32), [0] * 32))
+
+    return i8x32(x, val), codegen
+
+
 # ---------------------------------------------------------------------------------------------------
 # Lane-wise arithmetic and logic on two vectors of the same type
 # ---------------------------------------------------------------------------------------------------

@@ -32,8 +32,7 @@ All rows are raw bytes (``uint8`` 1-D arrays, the weight row starting at x[0]; `
 offset into y), in GGML's block
 layouts (docs/quant-formats.md §1). Float rows (F32/F16/BF16) are bytes too for ``vec_dot_*``;
 the matmul's float path uses ``dot_cols_f32/f16/bf16`` with typed weight rows instead.
-Every quantized weight type has all three. Q2_K/Q3_K's ``dot_cols`` still unpack the weight
-blocks once per column (one ``dot`` per column), so their prefill gains less than the others'.
+Every quantized weight type has all three.
 """
 from __future__ import annotations
 
@@ -44,8 +43,8 @@ from ...cache import tie_cache
 from . import quant, simd
 from .quant import TABLE_F32_F16 as _F16
 from .quant import fp32_to_fp16 as _fp32_to_fp16
-from .simd import (bcast_lane, bcast_pair16, bf16x8_to_f32, concat, dot4_acc, f16x8_to_f32, fma, hadd_pairs,
-                   hi_half, hsum_f32x4, hsum_f32x8, lo_half, load_f32, load_f32x8, load_i16x8, load_i16x16,
+from .simd import (bcast_lane, bcast_pair16, bf16x8_to_f32, bits_to_bytes, concat, dot4_acc, f16x8_to_f32, fma,
+                   hadd_pairs, hi_half, hsum_f32x4, hsum_f32x8, lo_half, load_f32, load_f32x8, load_i16x8, load_i16x16,
                    load_i8x16, load_i8x32, load_u16, load_u32, madd, madd_acc, maddubs, sext, splat_f32x4,
                    splat_f32x8, splat_i8x32, splat_i32x8, store_f32x8, to_f32, u32x4_to_i8x16, vabs, vadd, vand,
                    vor, vsign, vsll, vsrl, vsub, zext)
@@ -858,20 +857,10 @@ def dot_cols_q4_0_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out):
 # ------------------------------------------------------------------------------------------------
 Q4_1_SIZE, Q5_0_SIZE, Q5_1_SIZE, Q8_1_SIZE = 20, 22, 24, 36
 
-# byte v of qh -> 8 bytes, byte i = 0x10 if bit i of v is set (as two uint32 words)
-_QH_BYTES = np.array([[0x10 if (v >> i) & 1 else 0 for i in range(8)] for v in range(256)],
-                     np.uint8).view(np.uint32).reshape(-1)
-
-
 @njit(inline="always")
 def _q5_high_bits(x, o):
-    """The 32 bits of ``qh`` at byte ``o`` as 32 bytes: 0x10 where the bit is set (GGML's
-    ``bytes_from_bits_32``, by a table instead of a byte shuffle)."""
-    qh = load_u32(x, o)
-    t = _QH_BYTES
-    b0, b1, b2, b3 = 2 * (qh & 0xFF), 2 * ((qh >> 8) & 0xFF), 2 * ((qh >> 16) & 0xFF), 2 * (qh >> 24)
-    return concat(u32x4_to_i8x16(t[b0], t[b0 + 1], t[b1], t[b1 + 1]),
-                  u32x4_to_i8x16(t[b2], t[b2 + 1], t[b3], t[b3 + 1]))
+    """The 32 bits of ``qh`` at byte ``o`` as 32 bytes: 0x10 where the bit is set."""
+    return bits_to_bytes(load_u32(x, o), 0x10)
 
 
 @njit(inline="always")
@@ -915,21 +904,40 @@ def _legacy_dot(n, x, y, yo, kind, xbs, ybs):
 
 
 @njit(inline="always")
+def _legacy_cols_step(x, xb, xbs, y, yb, ybs, kind, q0, q1, q2, q3, nq, a, sm):
+    """``nq`` (1 or 4) consecutive blocks of x, unpacked, against one column."""
+    a, sm = _legacy_block(x, xb, y, yb, kind, q0, a, sm)
+    if nq == 4:
+        a, sm = _legacy_block(x, xb + xbs, y, yb + ybs, kind, q1, a, sm)
+        a, sm = _legacy_block(x, xb + 2 * xbs, y, yb + 2 * ybs, kind, q2, a, sm)
+        a, sm = _legacy_block(x, xb + 3 * xbs, y, yb + 3 * ybs, kind, q3, a, sm)
+    return a, sm
+
+
+@njit(inline="always")
 def _legacy_cols(n, x, y, yo, ycs, ybs, nc, acc, out, kind, xbs):
-    """dot_cols for the legacy types: each block unpacked once, then used for every column; the
-    column's 8 float lanes wait in ``acc`` (bytes ``64c ..``) and its ``summs`` in ``acc[16c + 8]``."""
+    """dot_cols for the legacy types: 4 blocks unpacked at a time, then used for every column,
+    whose 8 float lanes (bytes ``64c ..`` of ``acc``) and ``summs`` (``acc[16c + 8]``) are loaded
+    and stored once per 4 blocks; per column the blocks are taken in order, as dot_* does."""
     zero = splat_f32x8(0.0)
     for c in range(nc):
         store_f32x8(acc, 4 * ACC_PER_COL * c, zero)
         acc[ACC_PER_COL * c + 8] = np.float32(0.0)
-    for i in range(n // 32):
+    nb = n // 32
+    i = 0
+    while i < nb:
+        nq = 4 if i + 4 <= nb else 1
         xb = i * xbs
-        qx = _legacy_unpack(x, xb, kind)
+        q0 = _legacy_unpack(x, xb, kind)
+        q1 = _legacy_unpack(x, xb + xbs, kind) if nq == 4 else q0
+        q2 = _legacy_unpack(x, xb + 2 * xbs, kind) if nq == 4 else q0
+        q3 = _legacy_unpack(x, xb + 3 * xbs, kind) if nq == 4 else q0
         for c in range(nc):
-            a, sm = _legacy_block(x, xb, y, yo + c * ycs + i * ybs, kind, qx,
-                                  load_f32x8(acc, 4 * ACC_PER_COL * c), acc[ACC_PER_COL * c + 8])
+            a, sm = _legacy_cols_step(x, xb, xbs, y, yo + c * ycs + i * ybs, ybs, kind, q0, q1, q2, q3, nq,
+                                      load_f32x8(acc, 4 * ACC_PER_COL * c), acc[ACC_PER_COL * c + 8])
             store_f32x8(acc, 4 * ACC_PER_COL * c, a)
             acc[ACC_PER_COL * c + 8] = sm
+        i += nq
     for c in range(nc):
         out[c] = hsum_f32x8(load_f32x8(acc, 4 * ACC_PER_COL * c)) + acc[ACC_PER_COL * c + 8]
 
@@ -1013,14 +1021,14 @@ def _q2_K_half(x, qo, y, yo, scales, s0):
     return vadd(vadd(p0, p1), vadd(p2, p3))
 
 
-@njit(inline="always")
-def _q2_K_dot(n, x, y, yo, ybs):
-    """GGML's AVX2 ggml_vec_dot_q2_K_q8_K; the activations' blocks ``ybs`` bytes apart."""
+@_fast
+def dot_q2_K_q8_K(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_q2_K_q8_K."""
     acc = splat_f32x8(0.0)
     m4 = simd.splat_i8x16(0xF)
     for i in range(n // QK_K):
         xb = i * Q2_K_SIZE
-        yb = yo + i * ybs
+        yb = yo + i * Q8_K_SIZE
         yd = load_f32(y, yb)
         d = yd * _F16[load_u16(x, xb + 80)]
         dmin = -yd * _F16[load_u16(x, xb + 82)]
@@ -1049,13 +1057,13 @@ def _q3_K_half(x, qo, hb, y, yo, scales, s0):
     return vadd(vadd(p0, p1), vadd(p2, p3))
 
 
-@njit(inline="always")
-def _q3_K_dot(n, x, y, yo, ybs):
-    """GGML's AVX2 ggml_vec_dot_q3_K_q8_K; the activations' blocks ``ybs`` bytes apart."""
+@_fast
+def dot_q3_K_q8_K(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_q3_K_q8_K."""
     acc = splat_f32x8(0.0)
     for i in range(n // QK_K):
         xb = i * Q3_K_SIZE
-        yb = yo + i * ybs
+        yb = yo + i * Q8_K_SIZE
         d = load_f32(y, yb) * _F16[load_u16(x, xb + 108)]
         a0, a1, a2 = load_u32(x, xb + 96), load_u32(x, xb + 100), load_u32(x, xb + 104)
         k2, k1 = 0x0F0F0F0F, 0x03030303
@@ -1070,26 +1078,100 @@ def _q3_K_dot(n, x, y, yo, ybs):
 
 
 @_fast
-def dot_q2_K_q8_K(n, x, y, yo):
-    return _q2_K_dot(n, x, y, yo, Q8_K_SIZE)
-
-
-@_fast
 def vec_dot_q2_K_q8_K(n, x, y):
     return dot_q2_K_q8_K(n, x, y, n - n)  # a non-literal 0: the matmul's specialization
 
 
+@njit(inline="always")
+def _crumbs(x, qo):
+    """The four 2-bit planes of 32 quant bytes: runs 0..3 of a 128-value half."""
+    m3 = splat_i8x32(3)
+    q = load_i8x32(x, qo)
+    return vand(q, m3), vand(vsrl(q, 2), m3), vand(vsrl(q, 4), m3), vand(vsrl(q, 6), m3)
+
+
+@njit(inline="always")
+def _q3_hi(hb, k):
+    """4 where bit ``k`` (0..3, a literal after inlining) of each hmask byte is clear, else 0."""
+    one = splat_i8x32(1)
+    if k == 0:
+        b = hb
+    elif k == 1:
+        b = vsrl(hb, 1)
+    elif k == 2:
+        b = vsrl(hb, 2)
+    else:
+        b = vsrl(hb, 3)
+    return vsll(vsub(one, vand(b, one)), 2)
+
+
+@njit(inline="always")
+def _k23_cols(n, x, y, yo, ycs, ybs, nc, acc, out, q3):
+    """dot_cols for Q2_K (``q3`` False) and Q3_K: each super-block's eight 2-bit planes and its
+    scales unpacked once, then used for every column, whose float lanes wait in ``acc``; per
+    column the arithmetic is dot_q2_K/q3_K's (the same FMAs in the same order)."""
+    zero = splat_f32x8(0.0)
+    for c in range(nc):
+        store_f32x8(acc, 4 * ACC_PER_COL * c, zero)
+    m4 = simd.splat_i8x16(0xF)
+    xbs = Q3_K_SIZE if q3 else Q2_K_SIZE
+    for i in range(n // QK_K):
+        xb = i * xbs
+        if q3:
+            xd = _F16[load_u16(x, xb + 108)]
+            a0, a1, a2 = load_u32(x, xb + 96), load_u32(x, xb + 100), load_u32(x, xb + 104)
+            k2, k1 = 0x0F0F0F0F, 0x03030303
+            sc = u32x4_to_i8x16((a0 & k2) | ((a2 & k1) << 4), (a1 & k2) | (((a2 >> 2) & k1) << 4),
+                                ((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4),
+                                ((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4))
+            scales = sext(vsub(sc, simd.splat_i8x16(32)))
+            mins = scales
+            xdmin = np.float32(0.0)
+            hb0 = load_i8x32(x, xb)
+            hb1 = vsrl(hb0, 4)
+            c0, c1, c2, c3 = _crumbs(x, xb + 32)
+            c4, c5, c6, c7 = _crumbs(x, xb + 64)
+        else:
+            xd = _F16[load_u16(x, xb + 80)]
+            xdmin = _F16[load_u16(x, xb + 82)]
+            ms = load_i8x16(x, xb)
+            scales = sext(vand(ms, m4))
+            mins = sext(vand(vsrl(ms, 4), m4))
+            hb0 = hb1 = splat_i8x32(0)
+            c0, c1, c2, c3 = _crumbs(x, xb + 16)
+            c4, c5, c6, c7 = _crumbs(x, xb + 48)
+        for c in range(nc):
+            yb = yo + c * ycs + i * ybs
+            yd = load_f32(y, yb)
+            a = load_f32x8(acc, 4 * ACC_PER_COL * c)
+            if not q3:
+                prod = madd(mins, load_i16x16(y, yb + 4 + QK_K))
+                a = fma(splat_f32x8(-yd * xdmin), to_f32(prod), a)
+            h0 = _q3_hi(hb0, 0) if q3 else None
+            h1 = _q3_hi(hb0, 1) if q3 else None
+            h2 = _q3_hi(hb0, 2) if q3 else None
+            h3 = _q3_hi(hb0, 3) if q3 else None
+            s0 = vadd(vadd(_k2_pair(c0, h0, load_i8x32(y, yb + 4), scales, 0),
+                           _k2_pair(c1, h1, load_i8x32(y, yb + 36), scales, 2)),
+                      vadd(_k2_pair(c2, h2, load_i8x32(y, yb + 68), scales, 4),
+                           _k2_pair(c3, h3, load_i8x32(y, yb + 100), scales, 6)))
+            h0 = _q3_hi(hb1, 0) if q3 else None
+            h1 = _q3_hi(hb1, 1) if q3 else None
+            h2 = _q3_hi(hb1, 2) if q3 else None
+            h3 = _q3_hi(hb1, 3) if q3 else None
+            s1 = vadd(vadd(_k2_pair(c4, h0, load_i8x32(y, yb + 132), scales, 8),
+                           _k2_pair(c5, h1, load_i8x32(y, yb + 164), scales, 10)),
+                      vadd(_k2_pair(c6, h2, load_i8x32(y, yb + 196), scales, 12),
+                           _k2_pair(c7, h3, load_i8x32(y, yb + 228), scales, 14)))
+            a = fma(splat_f32x8(yd * xd), to_f32(vadd(s0, s1)), a)
+            store_f32x8(acc, 4 * ACC_PER_COL * c, a)
+    for c in range(nc):
+        out[c] = hsum_f32x8(load_f32x8(acc, 4 * ACC_PER_COL * c))
+
+
 @_fast
 def dot_cols_q2_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
-    """One dot product per column, each as dot_q2_K_q8_K's (the weight blocks are unpacked per
-    column: sharing them across columns, as the other dot_cols do, is still to come)."""
-    for c in range(nc):
-        out[c] = _q2_K_dot(n, x, y, yo + c * ycs, ybs)
-
-
-@_fast
-def dot_q3_K_q8_K(n, x, y, yo):
-    return _q3_K_dot(n, x, y, yo, Q8_K_SIZE)
+    _k23_cols(n, x, y, yo, ycs, ybs, nc, acc, out, False)
 
 
 @_fast
@@ -1099,9 +1181,7 @@ def vec_dot_q3_K_q8_K(n, x, y):
 
 @_fast
 def dot_cols_q3_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
-    """As dot_cols_q2_K_q8_K."""
-    for c in range(nc):
-        out[c] = _q3_K_dot(n, x, y, yo + c * ycs, ybs)
+    _k23_cols(n, x, y, yo, ycs, ybs, nc, acc, out, True)
 
 
 # ------------------------------------------------------------------------------------------------
