@@ -62,7 +62,7 @@ from .backend import backend_graph_compute, tensor_get, tensor_get_bytes, tensor
 from .backends.cpu import CPUBackend, backend_cpu_init
 from .graph import Graph
 from .tensor import Context, current_context, set_input, set_output
-from .types import QK_K, Type, blck_size, is_quantized, type_name
+from .types import QK_K, WEIGHT_TYPES, Type, blck_size, is_quantized, type_name
 
 F32, F16, BF16, I32, I64 = Type.F32, Type.F16, Type.BF16, Type.I32, Type.I64
 Q4_0, Q8_0, Q4_K = Type.Q4_0, Type.Q8_0, Type.Q4_K
@@ -72,9 +72,6 @@ MUL_MAT_NMSE = 5e-4   # GGML's test_mul_mat::max_nmse_err
 FLASH_ATTN_NMSE = 5e-4   # GGML's test_flash_attn_ext::max_nmse_err, for F16 K/V (F16 dot products, F16 sums)
 SEED = int(os.environ.get("LAZYGGML_TEST_SEED", random.randrange(2**31)))
 
-# the types mul_mat, get_rows, set_rows and cpy take as weights (Q8_1 and Q8_K only hold activations)
-WEIGHT_TYPES = (F32, F16, BF16, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K,
-                Type.Q4_K, Type.Q5_K, Type.Q6_K)
 
 
 # =================================================================================================

@@ -36,6 +36,8 @@ class Type(enum.IntEnum):
     Q5_K = 13
     Q6_K = 14
     Q8_K = 15
+    IQ4_NL = 20
+    IQ4_XS = 23
     I8 = 24
     I16 = 25
     I32 = 26
@@ -60,6 +62,8 @@ _TRAITS = {
     Type.Q5_K: (QK_K, 176),
     Type.Q6_K: (QK_K, 210),
     Type.Q8_K: (QK_K, 292),
+    Type.IQ4_NL: (32, 18),
+    Type.IQ4_XS: (QK_K, 136),
     Type.I8: (1, 1),
     Type.I16: (1, 2),
     Type.I32: (1, 4),
@@ -104,6 +108,13 @@ def blck_size(t) -> int:
 def type_size(t) -> int:
     """Bytes per block."""
     return _TRAITS[as_type(t)][1]
+
+
+#: the types that can hold a weight, in GGML's order (Q8_1 and Q8_K are activation formats; ints
+#: and F64 are not weights): what a model file may use, and what mul_mat, get_rows, set_rows and
+#: cpy take as weights (the op cases cover every one)
+WEIGHT_TYPES = (Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K,
+                Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.IQ4_NL, Type.IQ4_XS)
 
 
 def is_quantized(t) -> bool:

@@ -268,7 +268,7 @@ CASES = {
     "duplicate key": (build([_kv("a", VT.UINT8, b"\1"), _kv("a", VT.UINT8, b"\2")]), "a"),
     "alignment type": (build([_kv("general.alignment", VT.UINT64, U64(32))]), "general.alignment"),
     "alignment value": (build([_kv("general.alignment", VT.UINT32, U32(48))]), "general.alignment"),
-    "unknown tensor type": (build(tensors=[_tensor("t", [32], 20, 0)], data=bytes(64)), "tensor 't' type"),
+    "unknown tensor type": (build(tensors=[_tensor("t", [32], 16, 0)], data=bytes(64)), "tensor 't' type"),
     "five dims": (build(tensors=[_tensor("t", [1] * 5, 0, 0)], data=bytes(64)), "tensor 't' dims count"),
     "no dims": (build(tensors=[_tensor("t", [], 0, 0)], data=bytes(64)), "tensor 't' dims count"),
     "zero dim": (build(tensors=[_tensor("t", [32, 0], 0, 0)], data=bytes(64)), "tensor 't' ne[1]"),

@@ -31,7 +31,7 @@ import ggml  # noqa: E402  (ggml-python, the GGML oracle: the test extra install
 
 N_THREADS = 2
 QUANT_TYPES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K,
-               Type.Q4_K, Type.Q5_K, Type.Q6_K]
+               Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.IQ4_NL, Type.IQ4_XS]
 ALL_TYPES = [Type.F32, Type.F16, Type.BF16] + QUANT_TYPES
 
 
@@ -193,7 +193,7 @@ def test_mul_mat_rejects_bad_shapes():
 # byte offsets of the fp16 scales in each block: random bytes there could be inf/NaN
 SCALE_OFFSETS = {Type.Q4_K: (0, 2), Type.Q5_K: (0, 2), Type.Q6_K: (208,), Type.Q8_0: (0,),
                  Type.Q4_0: (0,), Type.Q4_1: (0, 2), Type.Q5_0: (0,), Type.Q5_1: (0, 2),
-                 Type.Q2_K: (80, 82), Type.Q3_K: (108,)}
+                 Type.Q2_K: (80, 82), Type.Q3_K: (108,), Type.IQ4_NL: (0,), Type.IQ4_XS: (0,)}
 
 
 def random_blocks(rng, t, n):
@@ -239,7 +239,8 @@ def test_vec_dot_fast_vs_ref(t):
 
 
 @pytest.mark.parametrize("t", [Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0,
-                               Type.Q5_1, Type.Q2_K, Type.Q3_K, Type.F16], ids=lambda t: t.name)
+                               Type.Q5_1, Type.Q2_K, Type.Q3_K, Type.IQ4_NL, Type.IQ4_XS, Type.F16],
+                         ids=lambda t: t.name)
 def test_columns_together_equal_columns_alone(t):
     """dot_cols_* (many columns per weight row) does, per column, exactly the arithmetic of the
     single-column dot_*: a 5-column product equals 5 one-column products, bit for bit."""

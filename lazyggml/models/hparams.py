@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import GGUFError
 from ..gguf_io import get_count, get_key, get_per_layer, get_positive_float
-from ..types import Type, type_name
+from ..types import WEIGHT_TYPES, type_name
 
 __all__ = ["LLAMA_ROPE_SCALING_TYPES", "LlamaHParams", "WEIGHT_TYPES", "llama_tensor_shapes", "check_llama_tensors"]
 
@@ -114,10 +114,6 @@ class LlamaHParams:
         )
 
 
-# the GGML types that can hold a weight (Q8_1 and Q8_K are activation formats; ints and F64 are not
-# weights)
-WEIGHT_TYPES = frozenset({Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1,
-                          Type.Q8_0, Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K})
 
 
 def llama_tensor_shapes(hp: LlamaHParams) -> tuple:

@@ -60,7 +60,7 @@ _parallel = njit(cache=True, parallel=True)
 
 # weight types by path; the ids are GGML's type ids, passed to the njit switches below
 QUANT_TYPES = (Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1,
-               Type.Q2_K, Type.Q3_K)
+               Type.Q2_K, Type.Q3_K, Type.IQ4_NL, Type.IQ4_XS)
 FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
 SUPPORTED_TYPES = QUANT_TYPES + FLOAT_TYPES
 
@@ -69,14 +69,15 @@ _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = (int(t) for t in (Type.Q4_0, Type.Q4_1, Type
 _Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = (int(t) for t in (Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K,
                                                       Type.Q6_K))
 _Q8_K, _Q8_1 = int(Type.Q8_K), int(Type.Q8_1)
+_IQ4_NL, _IQ4_XS = int(Type.IQ4_NL), int(Type.IQ4_XS)
 _F32, _F16, _BF16 = int(Type.F32), int(Type.F16), int(Type.BF16)
 
 # activation type of each quantized weight type (GGML's type_traits_cpu[].vec_dot_type)
 VEC_DOT_TYPE = {Type.Q4_K: Type.Q8_K, Type.Q5_K: Type.Q8_K, Type.Q6_K: Type.Q8_K,
                 Type.Q2_K: Type.Q8_K, Type.Q3_K: Type.Q8_K, Type.Q8_0: Type.Q8_0,
                 Type.Q4_0: Type.Q8_0, Type.Q5_0: Type.Q8_0, Type.Q4_1: Type.Q8_1,
-                Type.Q5_1: Type.Q8_1, Type.F32: Type.F32, Type.F16: Type.F16,
-                Type.BF16: Type.BF16}
+                Type.Q5_1: Type.Q8_1, Type.IQ4_NL: Type.Q8_0, Type.IQ4_XS: Type.Q8_K, Type.F32: Type.F32,
+                Type.F16: Type.F16, Type.BF16: Type.BF16}
 
 # Tile sizes. CT columns share each unpacked weight block; 16 columns of a k=14336 Q8_K row are
 # 256 KiB, which stays in a core's L2 while RT weight rows stream past. Measured on the dev
@@ -205,6 +206,10 @@ def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
                 tmp[0] = V.dot_q2_K_q8_K(n, x, yq, yo)
             elif kid == _Q3_K:
                 tmp[0] = V.dot_q3_K_q8_K(n, x, yq, yo)
+            elif kid == _IQ4_NL:
+                tmp[0] = V.dot_iq4_nl_q8_0(n, x, yq, yo)
+            elif kid == _IQ4_XS:
+                tmp[0] = V.dot_iq4_xs_q8_K(n, x, yq, yo)
             else:
                 tmp[0] = V.dot_q4_0_q8_0(n, x, yq, yo)
         elif kid == _Q4_K:
@@ -225,6 +230,10 @@ def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
             V.dot_cols_q2_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         elif kid == _Q3_K:
             V.dot_cols_q3_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        elif kid == _IQ4_NL:
+            V.dot_cols_iq4_nl_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        elif kid == _IQ4_XS:
+            V.dot_cols_iq4_xs_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         else:
             V.dot_cols_q4_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         for c in range(nc):

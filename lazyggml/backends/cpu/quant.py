@@ -1001,6 +1001,166 @@ def dequantize_row_bf16(x, y):
 
 
 # ----------------------------------------------------------------------------------------------
+# IQ4_NL and IQ4_XS: 4-bit indices into one non-linear table of 16 levels (kvalues_iq4nl).
+#   block_iq4_nl (18 B, 32 values): d fp16 @0, qs[16] @2 (element j in the low nibble of qs[j],
+#     j+16 in the high one); x = d * KVALUES[index].
+#   block_iq4_xs (136 B, 256 values): d fp16 @0, scales_h u16 @2, scales_l[4] @4, qs[128] @8;
+#     eight sub-blocks of 32, each with a 6-bit scale ls (low 4 bits: nibble ib%2 of
+#     scales_l[ib/2]; high 2 bits: bits 2*ib of scales_h): x = d*(ls - 32) * KVALUES[index].
+# ----------------------------------------------------------------------------------------------
+
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+IQ4_NTRY = 7   # scale candidates either side of the first guess (ggml_quantize_chunk's choice)
+
+
+@_kernel
+def _best_index_iq4(x):
+    """The level of KVALUES_IQ4NL nearest to x (GGML's best_index_int8: a binary search, ties to
+    the upper level)."""
+    v = KVALUES_IQ4NL
+    if x <= np.float32(v[0]):
+        return 0
+    if x >= np.float32(v[15]):
+        return 15
+    lo, hi = 0, 15
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if x < np.float32(v[mid]):
+            hi = mid
+        else:
+            lo = mid
+    return hi - 1 if x - np.float32(v[hi - 1]) < np.float32(v[hi]) - x else hi
+
+
+@_kernel
+def _iq4_sums(xb, w, id_, L):
+    """Σ w·q·x and Σ w·q² with q the level nearest id_·x (levels written to L when given)."""
+    sumqx = np.float32(0.0)
+    sumq2 = np.float32(0.0)
+    for j in range(32):
+        l = _best_index_iq4(id_ * xb[j])
+        if L is not None:
+            L[j] = l
+        q = np.float32(KVALUES_IQ4NL[l])
+        sumqx += w[j] * q * xb[j]
+        sumq2 += w[j] * q * q
+    return sumqx, sumq2
+
+
+@_kernel
+def _iq4_block_scale(xb, w, L):
+    """One block of 32: the scale that minimises Σ x²·(x − d·q)² over the first guess max/127 and
+    the 2·IQ4_NTRY + 1 candidates (itry − 127)/max (GGML's quantize_row_iq4_nl_impl without an
+    importance matrix; float32 throughout, unfused, in GGML's order). 0 for an all-zero block."""
+    amax = np.float32(0.0)
+    vmax = np.float32(0.0)
+    for j in range(32):
+        w[j] = xb[j] * xb[j]
+        ax = abs(xb[j])
+        if ax > amax:
+            amax = ax
+            vmax = xb[j]
+    if amax < GROUP_MAX_EPS:
+        return np.float32(0.0)
+    d = -vmax / np.float32(KVALUES_IQ4NL[0])
+    sumqx, sumq2 = _iq4_sums(xb, w, np.float32(1.0) / d, L)
+    d = sumqx / sumq2 if sumq2 > 0 else np.float32(0.0)
+    best = d * sumqx
+    for itry in range(-IQ4_NTRY, IQ4_NTRY + 1):
+        id_ = np.float32(itry + KVALUES_IQ4NL[0]) / vmax
+        sumqx, sumq2 = _iq4_sums(xb, w, id_, None)
+        if sumq2 > 0 and sumqx * sumqx > best * sumq2:
+            d = sumqx / sumq2
+            best = d * sumqx
+    return d
+
+
+@_kernel
+def _iq4_pack(L, y, o, n):
+    """Levels of n values (n/32 blocks) as nibbles at y[o:]: element j of a block low, j+16 high."""
+    for i in range(n // 32):
+        for j in range(16):
+            y[o + 16 * i + j] = L[32 * i + j] | (L[32 * i + 16 + j] << 4)
+
+
+@_kernel
+def quantize_row_iq4_nl(x, y):
+    w = np.empty(32, np.float32)
+    L = np.empty(32, np.uint8)
+    for i in range(x.shape[0] // 32):
+        xb = x[32 * i:32 * (i + 1)]
+        d = _iq4_block_scale(xb, w, L)
+        store_f16(y, 18 * i, d)
+        id_ = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+        for j in range(32):
+            L[j] = _best_index_iq4(id_ * xb[j])
+        _iq4_pack(L, y, 18 * i + 2, 32)
+
+
+@_kernel
+def quantize_row_iq4_xs(x, y):
+    """Per sub-block scales as IQ4_NL's, then one super-block scale d = −(the scale largest in
+    magnitude)/32 and 6-bit sub-block scales l = nearest_int(scale/d), clamped to −32..31; the
+    levels are chosen again for the rounded scales d·l."""
+    w = np.empty(32, np.float32)
+    L = np.empty(QK_K, np.uint8)
+    scales = np.empty(8, np.float32)
+    for i in range(x.shape[0] // QK_K):
+        xs = x[QK_K * i:QK_K * (i + 1)]
+        o = 136 * i
+        amax_scale = np.float32(0.0)
+        max_scale = np.float32(0.0)
+        for ib in range(8):
+            scales[ib] = _iq4_block_scale(xs[32 * ib:32 * (ib + 1)], w, L[32 * ib:32 * (ib + 1)])
+            if abs(scales[ib]) > amax_scale:
+                amax_scale = abs(scales[ib])
+                max_scale = scales[ib]
+        d = -max_scale / np.float32(32.0)
+        store_f16(y, o, d)
+        id_ = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+        sh = 0
+        for k in range(4):
+            y[o + 4 + k] = 0
+        for ib in range(8):
+            l = min(31, max(-32, nearest_int(id_ * scales[ib])))
+            dl = d * np.float32(l)
+            idl = np.float32(1.0) / dl if dl != 0 else np.float32(0.0)
+            for j in range(32):
+                L[32 * ib + j] = _best_index_iq4(idl * xs[32 * ib + j])
+            l += 32
+            y[o + 4 + ib // 2] |= (l & 0xF) << (4 * (ib % 2))
+            sh |= (l >> 4) << (2 * ib)
+        y[o + 2] = sh & 0xFF
+        y[o + 3] = sh >> 8
+        _iq4_pack(L, y, o + 8, QK_K)
+
+
+@_kernel
+def dequantize_row_iq4_nl(x, y):
+    for i in range(y.shape[0] // 32):
+        d = load_f16(x, 18 * i)
+        for j in range(16):
+            q = x[18 * i + 2 + j]
+            y[32 * i + j] = d * np.float32(KVALUES_IQ4NL[q & 0xF])
+            y[32 * i + j + 16] = d * np.float32(KVALUES_IQ4NL[q >> 4])
+
+
+@_kernel
+def dequantize_row_iq4_xs(x, y):
+    for i in range(y.shape[0] // QK_K):
+        o = 136 * i
+        d = load_f16(x, o)
+        sh = np.int64(x[o + 2]) | (np.int64(x[o + 3]) << 8)
+        for ib in range(8):
+            ls = ((np.int64(x[o + 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
+            dl = d * np.float32(ls - 32)
+            for j in range(16):
+                q = x[o + 8 + 16 * ib + j]
+                y[QK_K * i + 32 * ib + j] = dl * np.float32(KVALUES_IQ4NL[q & 0xF])
+                y[QK_K * i + 32 * ib + j + 16] = dl * np.float32(KVALUES_IQ4NL[q >> 4])
+
+
+# ----------------------------------------------------------------------------------------------
 # dispatch (GGML's type_traits from_float_ref / to_float) and row drivers
 # ----------------------------------------------------------------------------------------------
 
@@ -1011,6 +1171,7 @@ QUANTIZE_ROW = {
     Type.Q8_0: quantize_row_q8_0, Type.Q8_1: quantize_row_q8_1,
     Type.Q2_K: quantize_row_q2_K, Type.Q3_K: quantize_row_q3_K, Type.Q4_K: quantize_row_q4_K,
     Type.Q5_K: quantize_row_q5_K, Type.Q6_K: quantize_row_q6_K, Type.Q8_K: quantize_row_q8_K,
+    Type.IQ4_NL: quantize_row_iq4_nl, Type.IQ4_XS: quantize_row_iq4_xs,
 }
 
 DEQUANTIZE_ROW = {
@@ -1021,6 +1182,7 @@ DEQUANTIZE_ROW = {
     Type.Q2_K: dequantize_row_q2_K, Type.Q3_K: dequantize_row_q3_K,
     Type.Q4_K: dequantize_row_q4_K, Type.Q5_K: dequantize_row_q5_K,
     Type.Q6_K: dequantize_row_q6_K, Type.Q8_K: dequantize_row_q8_K,
+    Type.IQ4_NL: dequantize_row_iq4_nl, Type.IQ4_XS: dequantize_row_iq4_xs,
 }
 
 # Type ids as plain ints, frozen into the switches below as constants
@@ -1028,6 +1190,7 @@ _F16, _BF16 = int(Type.F16), int(Type.BF16)
 _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(Type.Q4_0), int(Type.Q4_1), int(Type.Q5_0), int(Type.Q5_1)
 _Q8_0, _Q8_1, _Q2_K, _Q3_K = int(Type.Q8_0), int(Type.Q8_1), int(Type.Q2_K), int(Type.Q3_K)
 _Q4_K, _Q5_K, _Q6_K, _Q8_K = int(Type.Q4_K), int(Type.Q5_K), int(Type.Q6_K), int(Type.Q8_K)
+_IQ4_NL, _IQ4_XS = int(Type.IQ4_NL), int(Type.IQ4_XS)
 
 
 # A switch on the type id rather than a function argument: numba keys a function-typed argument
@@ -1060,6 +1223,10 @@ def quantize_chunk(tid, x, y):
         quantize_row_q6_K(x, y)
     elif tid == _Q8_K:
         quantize_row_q8_K(x, y)
+    elif tid == _IQ4_NL:
+        quantize_row_iq4_nl(x, y)
+    elif tid == _IQ4_XS:
+        quantize_row_iq4_xs(x, y)
     elif tid == _F16:
         quantize_row_f16(x, y)
     elif tid == _BF16:
@@ -1093,6 +1260,10 @@ def dequantize_chunk(tid, x, y):
         dequantize_row_q6_K(x, y)
     elif tid == _Q8_K:
         dequantize_row_q8_K(x, y)
+    elif tid == _IQ4_NL:
+        dequantize_row_iq4_nl(x, y)
+    elif tid == _IQ4_XS:
+        dequantize_row_iq4_xs(x, y)
     elif tid == _F16:
         dequantize_row_f16(x, y)
     elif tid == _BF16:

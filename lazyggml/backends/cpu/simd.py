@@ -254,6 +254,27 @@ def u32x4_to_i8x16(typingctx, a, b, c, d):
 
 
 @intrinsic
+def lookup16(typingctx, table, idx):
+    """``<32 x i8>``: byte j is ``table[idx[j]]`` for the 16-byte ``table`` and indices 0..15
+    (GGML's ``_mm_shuffle_epi8(values128, nibbles)`` on each half: the IQ4 levels)."""
+    if not (table == i8x16 and idx == i8x32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        t, ix = args
+        if HAVE_AVX2:
+            t2 = builder.shuffle_vector(t, t, _const_mask(list(range(16)) * 2))
+            return _call(builder, "llvm.x86.avx2.pshuf.b", ix.type, [t2, ix])
+        out = ir.Constant(ix.type, ir.Undefined)
+        for j in range(32):
+            k = builder.extract_element(ix, ir.Constant(_I32, j))
+            out = builder.insert_element(out, builder.extract_element(t, k), ir.Constant(_I32, j))
+        return out
+
+    return i8x32(table, idx), codegen
+
+
+@intrinsic
 def bits_to_bytes(typingctx, x, val):
     """``<32 x i8>`` whose byte j is ``val`` where bit j of the 32-bit ``x`` is set, else 0 (GGML's
     ``bytes_from_bits_32``: the fifth bits of Q5_0/Q5_1). Byte k of ``x`` is broadcast to bytes

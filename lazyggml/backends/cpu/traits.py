@@ -10,7 +10,8 @@ and ``to_float`` turns a row of ``t`` back into float32 (GET_ROWS, copies, the s
 Fields of ``TypeTraitsCpu`` (rows are raw bytes: ``uint8`` 1-D arrays in GGML's block layout):
 
 * ``vec_dot_type``: the type activations are converted to before the dot products (Q8_K for the
-  K-quants, Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, the type itself for F32/F16/BF16);
+  K-quants and IQ4_XS, Q8_0 for Q4_0/Q5_0/Q8_0/IQ4_NL, Q8_1 for Q4_1/Q5_1, the type itself for
+  F32/F16/BF16);
 * ``from_float(x: float32[n], y: uint8[row_size])``: quantize one row to this type, as GGML's CPU
   backend does (for Q8_0/Q8_1 that is the x86 AVX2 code, not the ``_ref`` quantizer);
 * ``to_float(x: uint8[row_size], y: float32[n])``: dequantize one row;
@@ -88,6 +89,10 @@ TYPE_TRAITS_CPU = dict([
     _t(Type.Q6_K, Type.Q8_K, Q.quantize_row_q6_K, Q.dequantize_row_q6_K, V.vec_dot_q6_K_q8_K,
        V.vec_dot_q6_K_q8_K_ref, True),
     _t(Type.Q8_K, Type.Q8_K, Q.quantize_row_q8_K, Q.dequantize_row_q8_K, None, None, False),
+    _t(Type.IQ4_NL, Type.Q8_0, Q.quantize_row_iq4_nl, Q.dequantize_row_iq4_nl, V.vec_dot_iq4_nl_q8_0,
+       V.vec_dot_iq4_nl_q8_0_ref, True),
+    _t(Type.IQ4_XS, Type.Q8_K, Q.quantize_row_iq4_xs, Q.dequantize_row_iq4_xs, V.vec_dot_iq4_xs_q8_K,
+       V.vec_dot_iq4_xs_q8_K_ref, True),
 ])
 
 

@@ -44,7 +44,7 @@ from . import quant, simd
 from .quant import TABLE_F32_F16 as _F16
 from .quant import fp32_to_fp16 as _fp32_to_fp16
 from .simd import (bcast_lane, bcast_pair16, bf16x8_to_f32, bits_to_bytes, concat, dot4_acc, f16x8_to_f32, fma,
-                   hadd_pairs, hi_half, hsum_f32x4, hsum_f32x8, lo_half, load_f32, load_f32x8, load_i16x8, load_i16x16,
+                   hadd_pairs, hi_half, lookup16, hsum_f32x4, hsum_f32x8, lo_half, load_f32, load_f32x8, load_i16x8, load_i16x16,
                    load_i8x16, load_i8x32, load_u16, load_u32, madd, madd_acc, maddubs, sext, splat_f32x4,
                    splat_f32x8, splat_i8x32, splat_i32x8, store_f32x8, to_f32, u32x4_to_i8x16, vabs, vadd, vand,
                    vor, vsign, vsll, vsrl, vsub, zext)
@@ -420,6 +420,45 @@ def vec_dot_q5_1_q8_1_ref(n, x, y):
             s0 += ((q & 0xF) | xh0) * _i8(y, yo + 4 + j)
             s1 += ((q >> 4) | xh1) * _i8(y, yo + 4 + j + 16)
         sumf += (_f16(x, xo) * _f16(y, yo)) * np.float32(s0 + s1) + _f16(x, xo + 2) * _f16(y, yo + 2)
+    return sumf
+
+
+@_ref
+def vec_dot_iq4_nl_q8_0_ref(n, x, y):
+    """ggml_vec_dot_iq4_nl_q8_0_generic: block_iq4_nl = d (fp16), qs[16] of level indices."""
+    kv = quant.KVALUES_IQ4NL
+    sumf = np.float32(0.0)
+    for i in range(n // 32):
+        xo, yo = i * 18, i * Q8_0_SIZE
+        s0 = 0
+        s1 = 0
+        for j in range(16):
+            q = _u8(x, xo + 2 + j)
+            s0 += _i8(y, yo + 2 + j) * kv[q & 0xF]
+            s1 += _i8(y, yo + 2 + j + 16) * kv[q >> 4]
+        sumf += (_f16(y, yo) * _f16(x, xo)) * np.float32(s0 + s1)
+    return sumf
+
+
+@_ref
+def vec_dot_iq4_xs_q8_K_ref(n, x, y):
+    """ggml_vec_dot_iq4_xs_q8_K_generic: per super-block d·d8, then per sub-block of 32 its 6-bit
+    scale ls − 32 (low nibble from scales_l, high bits from scales_h)."""
+    kv = quant.KVALUES_IQ4NL
+    sumf = np.float32(0.0)
+    for i in range(n // QK_K):
+        xo, yo = i * IQ4_XS_SIZE, i * Q8_K_SIZE
+        d4d8 = _f16(x, xo) * _f32(y, yo)
+        h = np.int64(_u8(x, xo + 2)) | (np.int64(_u8(x, xo + 3)) << 8)
+        for ib in range(8):
+            ls = ((_u8(x, xo + 4 + ib // 2) >> (4 * (ib % 2))) & 0xF) | (((h >> (2 * ib)) & 3) << 4)
+            s0 = 0
+            s1 = 0
+            for j in range(16):
+                q = _u8(x, xo + 8 + 16 * ib + j)
+                s0 += _i8(y, yo + 4 + 32 * ib + j) * kv[q & 0xF]
+                s1 += _i8(y, yo + 4 + 32 * ib + j + 16) * kv[q >> 4]
+            sumf += (d4d8 * np.float32(ls - 32)) * np.float32(s0 + s1)
     return sumf
 
 
@@ -1182,6 +1221,109 @@ def vec_dot_q3_K_q8_K(n, x, y):
 @_fast
 def dot_cols_q3_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
     _k23_cols(n, x, y, yo, ycs, ybs, nc, acc, out, True)
+
+
+# ------------------------------------------------------------------------------------------------
+# IQ4_NL x Q8_0 and IQ4_XS x Q8_K: GGML's AVX2 kernels. The 4-bit indices become their levels by
+# a byte shuffle of the 16-entry table (``lookup16``), then a signed x signed product
+# (|q| x sign(y, q)). IQ4_NL keeps two float accumulators, even and odd blocks, and finishes a last
+# odd block in scalar code; IQ4_XS weights each sub-block's int16 pair sums by its scale.
+# ------------------------------------------------------------------------------------------------
+IQ4_NL_SIZE, IQ4_XS_SIZE = 18, 136
+_KV = quant.KVALUES_IQ4NL
+
+
+@njit(inline="always")
+def _iq4_levels(x, o):
+    """The 32 levels of the 16 index bytes at ``o``: low nibbles are elements 0-15, high 16-31."""
+    return lookup16(load_i8x16(_KV, 0), _nibbles(x, o))
+
+
+@njit(inline="always")
+def _iq4_nl_block(x, xb, y, yb, acc):
+    d = _F16[load_u16(y, yb)] * _F16[load_u16(x, xb)]
+    q = _iq4_levels(x, xb + 2)
+    return fma(splat_f32x8(d), _q8_block_f32(vabs(q), q, load_i8x32(y, yb + 2)), acc)
+
+
+@njit(inline="always")
+def _iq4_nl_dot(n, x, y, yo, ybs):
+    acc1 = splat_f32x8(0.0)
+    acc2 = splat_f32x8(0.0)
+    nb = n // 32
+    ib = 0
+    while ib + 1 < nb:
+        acc1 = _iq4_nl_block(x, ib * IQ4_NL_SIZE, y, yo + ib * ybs, acc1)
+        acc2 = _iq4_nl_block(x, (ib + 1) * IQ4_NL_SIZE, y, yo + (ib + 1) * ybs, acc2)
+        ib += 2
+    sumf = hsum_f32x8(vadd(acc1, acc2))
+    if ib < nb:       # GGML's scalar tail: sumf += d·Σ, fused as GCC compiles it
+        xb, yb = ib * IQ4_NL_SIZE, yo + ib * ybs
+        q = _iq4_levels(x, xb + 2)
+        sumi = simd.hsum_i32(dot4_acc(splat_i32x8(0), vabs(q), vsign(load_i8x32(y, yb + 2), q)))
+        sumf = _fmaf(_F16[load_u16(y, yb)] * _F16[load_u16(x, xb)], np.float32(sumi), sumf)
+    return sumf
+
+
+@njit(inline="always")
+def _iq4_xs_dot(n, x, y, yo, ybs):
+    acc = splat_f32x8(0.0)
+    for i in range(n // QK_K):
+        xb = i * IQ4_XS_SIZE
+        yb = yo + i * ybs
+        sh = np.int32(load_u16(x, xb + 2))
+        s1 = splat_i32x8(0)
+        s2 = splat_i32x8(0)
+        for ib in range(0, 8, 2):
+            q1 = _iq4_levels(x, xb + 8 + 16 * ib)
+            q2 = _iq4_levels(x, xb + 24 + 16 * ib)
+            p1 = maddubs(vabs(q1), vsign(load_i8x32(y, yb + 4 + 32 * ib), q1))
+            p2 = maddubs(vabs(q2), vsign(load_i8x32(y, yb + 36 + 32 * ib), q2))
+            sl = np.int32(x[xb + 4 + ib // 2])
+            ls1 = ((sl & 0xF) | ((sh << 4) & 0x30)) - 32
+            ls2 = ((sl >> 4) | ((sh << 2) & 0x30)) - 32
+            sh >>= 4
+            s1 = vadd(madd(p1, simd.splat_i16x16(ls1)), s1)
+            s2 = vadd(madd(p2, simd.splat_i16x16(ls2)), s2)
+        acc = fma(splat_f32x8(_F16[load_u16(x, xb)] * load_f32(y, yb)), to_f32(vadd(s1, s2)), acc)
+    return hsum_f32x8(acc)
+
+
+@_fast
+def dot_iq4_nl_q8_0(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_iq4_nl_q8_0."""
+    return _iq4_nl_dot(n, x, y, yo, Q8_0_SIZE)
+
+
+@_fast
+def vec_dot_iq4_nl_q8_0(n, x, y):
+    return dot_iq4_nl_q8_0(n, x, y, n - n)  # a non-literal 0: the matmul's specialization
+
+
+@_fast
+def dot_cols_iq4_nl_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out):
+    """One dot product per column, each as dot_iq4_nl_q8_0's (the weight blocks are unpacked per
+    column: sharing them across columns, as the other dot_cols do, is still to come)."""
+    for c in range(nc):
+        out[c] = _iq4_nl_dot(n, x, y, yo + c * ycs, ybs)
+
+
+@_fast
+def dot_iq4_xs_q8_K(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_iq4_xs_q8_K."""
+    return _iq4_xs_dot(n, x, y, yo, Q8_K_SIZE)
+
+
+@_fast
+def vec_dot_iq4_xs_q8_K(n, x, y):
+    return dot_iq4_xs_q8_K(n, x, y, n - n)
+
+
+@_fast
+def dot_cols_iq4_xs_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
+    """As dot_cols_iq4_nl_q8_0."""
+    for c in range(nc):
+        out[c] = _iq4_xs_dot(n, x, y, yo + c * ycs, ybs)
 
 
 # ------------------------------------------------------------------------------------------------
