@@ -110,6 +110,9 @@ def type_size(t) -> int:
     return _TRAITS[as_type(t)][1]
 
 
+#: IQ4_NL's and IQ4_XS's 16 levels (GGML's kvalues_iq4nl): a 4-bit index selects one, times the scale
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+
 #: the types that can hold a weight, in GGML's order (Q8_1 and Q8_K are activation formats; ints
 #: and F64 are not weights): what a model file may use, and what mul_mat, get_rows, set_rows and
 #: cpy take as weights (the op cases cover every one)

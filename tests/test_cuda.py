@@ -618,7 +618,8 @@ if CHILD:
         assert nmse(got, ref) <= QUANT_NMSE
         assert nmse(got, q8_1_reference(Wd, X, mmq_q8_1_model, q4_K_mins(wb, 512))) <= 1e-10
 
-    @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q5_K", "Q6_K"])
+    @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q5_K", "Q6_K",
+                                           "IQ4_NL", "IQ4_XS"])
     def test_sim_dequantize_then_gemm(be, rng, type_name):
         """Types without mmq (more than 8 columns) or without mmvq (1 column): dequantized to F32
         (the simulator has no tensor cores), then the float kernels; the values are the CPU's

@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ...types import QK_K, Type, as_type, blck_size, row_size, type_name
+from ...types import KVALUES_IQ4NL, QK_K, Type, as_type, blck_size, row_size, type_name
 
 _kernel = njit(cache=True, error_model="numpy")
 # Numba compiles a separate copy of a callee for every distinct *literal* argument; the big shared
@@ -1009,7 +1009,6 @@ def dequantize_row_bf16(x, y):
 #     scales_l[ib/2]; high 2 bits: bits 2*ib of scales_h): x = d*(ls - 32) * KVALUES[index].
 # ----------------------------------------------------------------------------------------------
 
-KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 IQ4_NTRY = 7   # scale candidates either side of the first guess (ggml_quantize_chunk's choice)
 
 

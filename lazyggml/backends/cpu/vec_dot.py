@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit
 
 from ...cache import tie_cache
+from ...types import KVALUES_IQ4NL
 from . import quant, simd
 from .quant import TABLE_F32_F16 as _F16
 from .quant import fp32_to_fp16 as _fp32_to_fp16
@@ -426,7 +427,7 @@ def vec_dot_q5_1_q8_1_ref(n, x, y):
 @_ref
 def vec_dot_iq4_nl_q8_0_ref(n, x, y):
     """ggml_vec_dot_iq4_nl_q8_0_generic: block_iq4_nl = d (fp16), qs[16] of level indices."""
-    kv = quant.KVALUES_IQ4NL
+    kv = KVALUES_IQ4NL
     sumf = np.float32(0.0)
     for i in range(n // 32):
         xo, yo = i * 18, i * Q8_0_SIZE
@@ -444,7 +445,7 @@ def vec_dot_iq4_nl_q8_0_ref(n, x, y):
 def vec_dot_iq4_xs_q8_K_ref(n, x, y):
     """ggml_vec_dot_iq4_xs_q8_K_generic: per super-block d·d8, then per sub-block of 32 its 6-bit
     scale ls − 32 (low nibble from scales_l, high bits from scales_h)."""
-    kv = quant.KVALUES_IQ4NL
+    kv = KVALUES_IQ4NL
     sumf = np.float32(0.0)
     for i in range(n // QK_K):
         xo, yo = i * IQ4_XS_SIZE, i * Q8_K_SIZE
@@ -1230,7 +1231,7 @@ def dot_cols_q3_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
 # odd block in scalar code; IQ4_XS weights each sub-block's int16 pair sums by its scale.
 # ------------------------------------------------------------------------------------------------
 IQ4_NL_SIZE, IQ4_XS_SIZE = 18, 136
-_KV = quant.KVALUES_IQ4NL
+_KV = KVALUES_IQ4NL
 
 
 @njit(inline="always")

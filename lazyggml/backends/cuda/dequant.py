@@ -7,23 +7,26 @@ bytes (every block starts at an even byte, so ``B/2`` indexes its first half). T
 quantized types without an mmq kernel (GGML's cuBLAS fallback, ``dequantize_block_*``).
 The float order is GGML's CPU one (``dequantize_row_*``): ``(d·sc)·q − dmin·m`` for Q4_K, Q5_K
 and Q2_K, ``(d·sc)·(q−32)`` for Q6_K, ``(d·(sc−32))·q`` for Q3_K, ``q·d (+ m)`` for the
-32-element types. Every quantized type lazyggml reads has a function here, so every one runs
-mul_mat (dequantized, where mmvq/mmq have no kernel for it) and get_rows on the GPU.
+32-element types, ``d·level`` and ``(d·(ls−32))·level`` for IQ4_NL and IQ4_XS. Every quantized
+type lazyggml reads has a function here, so every one runs mul_mat (dequantized, where mmvq/mmq
+have no kernel for it) and get_rows on the GPU.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import cuda
 
-from ...types import Type, blck_size, type_size
+from ...types import KVALUES_IQ4NL, Type, blck_size, type_size
 from .common import device, jit_kernel
 from .elementwise import BLOCK, grid_for
 
 T_Q4_K, T_Q6_K, T_Q4_0, T_Q4_1 = int(Type.Q4_K), int(Type.Q6_K), int(Type.Q4_0), int(Type.Q4_1)
 T_Q5_0, T_Q5_1, T_Q5_K, T_Q2_K, T_Q3_K = (int(Type.Q5_0), int(Type.Q5_1), int(Type.Q5_K), int(Type.Q2_K),
                                           int(Type.Q3_K))
+T_IQ4_NL, T_IQ4_XS = int(Type.IQ4_NL), int(Type.IQ4_XS)
 QUANT_TYPES = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K, Type.Q4_K,
-               Type.Q5_K, Type.Q6_K)
+               Type.Q5_K, Type.Q6_K, Type.IQ4_NL, Type.IQ4_XS)
+KVALUES = KVALUES_IQ4NL   # a global array: numba puts it in the kernels' constant memory
 
 
 @device
@@ -150,6 +153,24 @@ def _q8_0(u8, h, B, j):
 
 
 @device
+def _iq4_nl(u8, h, B, j):
+    """The level of index j (nibbles at B+2) times d."""
+    return np.float32(h[B // 2]) * np.float32(KVALUES[_nibble(u8, B + 2, j)])
+
+
+@device
+def _iq4_xs(u8, h, B, j):
+    """Sub-block ib = j/32: its 6-bit scale (low 4 bits: nibble ib%2 of byte B+4+ib/2; high 2:
+    bits 2·ib of the 16-bit scales_h at B+2) minus 32, times d, times the level (nibbles at
+    B+8+16·ib)."""
+    ib = j // 32
+    sh = np.int32(u8[B + 2]) | (np.int32(u8[B + 3]) << 8)
+    ls = ((np.int32(u8[B + 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
+    dl = np.float32(h[B // 2]) * np.float32(ls - 32)
+    return dl * np.float32(KVALUES[_nibble(u8, B + 8 + 16 * ib, j % 32)])
+
+
+@device
 def dequantize(ty, u8, h, B, j):
     """Value ``j`` of the block at byte ``B`` of type id ``ty`` (one of ``QUANT_TYPES``)."""
     if ty == T_Q4_K:
@@ -170,6 +191,10 @@ def dequantize(ty, u8, h, B, j):
         return _q2_K(u8, h, B, j)
     if ty == T_Q3_K:
         return _q3_K(u8, h, B, j)
+    if ty == T_IQ4_NL:
+        return _iq4_nl(u8, h, B, j)
+    if ty == T_IQ4_XS:
+        return _iq4_xs(u8, h, B, j)
     return _q8_0(u8, h, B, j)
 
 
