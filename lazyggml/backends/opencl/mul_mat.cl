@@ -244,6 +244,8 @@ DEFINE_MUL_MAT(q5_1)
 DEFINE_MUL_MAT(q5_K)
 DEFINE_MUL_MAT(q2_K)
 DEFINE_MUL_MAT(q3_K)
+DEFINE_MUL_MAT(iq4_nl)
+DEFINE_MUL_MAT(iq4_xs)
 
 // -- F32/F16/BF16 weights with rows that are not a multiple of 16 -------------------------------------
 // global = (ne01, ne11, ne12*ne13), local chosen by the implementation

@@ -22,7 +22,7 @@ _SIMPLE_EW = {Op.SQR: "EW_SQR", Op.SQRT: "EW_SQRT", Op.LOG: "EW_LOG", Op.SIN: "E
 # weight types of get_rows and mul_mat -> the kernels' name suffix
 _WEIGHT_TYPES = {Type.F32: "f32", Type.F16: "f16", Type.BF16: "bf16", Type.Q8_0: "q8_0", Type.Q4_K: "q4_K", Type.Q6_K: "q6_K",
                  Type.Q4_0: "q4_0", Type.Q4_1: "q4_1", Type.Q5_0: "q5_0", Type.Q5_1: "q5_1", Type.Q5_K: "q5_K",
-                 Type.Q2_K: "q2_K", Type.Q3_K: "q3_K"}
+                 Type.Q2_K: "q2_K", Type.Q3_K: "q3_K", Type.IQ4_NL: "iq4_nl", Type.IQ4_XS: "iq4_xs"}
 
 # mul_mat (mul_mat.cl says why there are two layouts of each kernel)
 MV_MAX_COLS = 8     # columns of src1 up to which the mat-vec kernels run

@@ -54,6 +54,12 @@
 #define QK_q3_K 256
 #define TS_q3_K 110
 #define GPB_q3_K 16
+#define QK_iq4_nl 32
+#define TS_iq4_nl 18
+#define GPB_iq4_nl 2
+#define QK_iq4_xs 256
+#define TS_iq4_xs 136
+#define GPB_iq4_xs 16
 
 static inline void block_scales_none(global const uchar *blk, float *s) {}
 #define block_scales_f32 block_scales_none
@@ -231,4 +237,36 @@ static inline float16 dequant16_q3_K(global const uchar *blk, const float *s, in
     const int n = j / 8, e = j % 8;
     const uchar16 h = (vload16(0, blk + 16 * (e % 2)) >> (uchar)(4 * n + e / 2)) & (uchar)1;
     return s[j] * (convert_float16(crumbs16(blk + 32, j)) - 4.0f * convert_float16((uchar)1 - h));
+}
+
+// IQ4_NL and IQ4_XS: 4-bit indices into 16 non-linear levels (GGML's kvalues_iq4nl), looked up by a
+// byte shuffle.
+constant char16 KVALUES_IQ4NL = (char16)(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+
+static inline float16 levels16(uchar16 idx) {
+    return convert_float16(shuffle(KVALUES_IQ4NL, idx));
+}
+
+// block_iq4_nl (18 bytes): d (fp16) @0, qs[16] @2 (elements as Q4_0's). x = d * level.
+#define block_scales_iq4_nl block_scales_q4_0
+
+static inline float16 dequant16_iq4_nl(global const uchar *blk, const float *s, int j) {
+    return s[0] * levels16(nibbles16(blk + 2, j));
+}
+
+// block_iq4_xs (136 bytes): d (fp16) @0, scales_h (16 bits) @2, scales_l[4] @4, qs[128] @8. Sub-block
+// ib (32 values, 16 bytes of qs at 8 + 16 ib, elements as Q4_0's) has the 6-bit scale ls: low 4 bits
+// nibble ib%2 of scales_l[ib/2], high 2 bits bits 2 ib of scales_h; x = d*(ls - 32) * level:
+// s[ib] = d*(ls - 32), group j is half j%2 of sub-block j/2.
+static inline void block_scales_iq4_xs(global const uchar *blk, float *s) {
+    const float d = vload_half(0, (global const half *)blk);
+    const uint sh = (uint)blk[2] | ((uint)blk[3] << 8);
+    for (int ib = 0; ib < 8; ++ib) {
+        const int ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+        s[ib] = d * (float)(ls - 32);
+    }
+}
+
+static inline float16 dequant16_iq4_xs(global const uchar *blk, const float *s, int j) {
+    return s[j / 2] * levels16(nibbles16(blk + 8 + 16 * (j / 2), j % 2));
 }

@@ -41,6 +41,8 @@ DEFINE_GET_ROWS_Q(q5_1)
 DEFINE_GET_ROWS_Q(q5_K)
 DEFINE_GET_ROWS_Q(q2_K)
 DEFINE_GET_ROWS_Q(q3_K)
+DEFINE_GET_ROWS_Q(iq4_nl)
+DEFINE_GET_ROWS_Q(iq4_xs)
 
 // SET_ROWS: row (i01, i02, i03) of the F32 source b goes to row idx[i01, i02 % ne11, i03 % ne12]
 // of dst[:, :, i02, i03] (F32, or F16 rounded to nearest even). One work-group per source row.
