@@ -8,7 +8,7 @@ Models:
 
 * ``default``: the embedded model, ``lazyggml/data/default.gguf`` (3.7M parameters, Q4_K_M mix);
 * ``llama-125m``: a random-weight llama written by ``lazyggml.testing.make_tiny_llama`` with the
-  Q4_K_M mix (Q4_K, Q6_K): n_embd 768, 12 layers, 12 heads, 4 KV heads, n_ff 2048, n_vocab 32000
+  Q4_K_M mix (Q4_K, Q6_K), or with every matrix in one type (``llama-125m:q5_0``, ``:q4_1``, ...): n_embd 768, 12 layers, 12 heads, 4 KV heads, n_ff 2048, n_vocab 32000
   (76M parameters in the layers, 125M with the embeddings and the output).
   Written once into ``--model-dir`` (a temporary folder unless given) and reused from there.
 
@@ -331,7 +331,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-prompt", type=int, default=128)
     ap.add_argument("--n-gen", type=int, default=64)
-    ap.add_argument("--models", default="default,llama-125m", help="comma-separated: default, llama-125m")
+    ap.add_argument("--models", default="default,llama-125m",
+                    help="comma-separated: default, llama-125m (Q4_K_M), llama-125m:TYPE (every matrix TYPE, e.g. q5_0)")
     ap.add_argument("--model-dir", help="where to write (and reuse) the random 125M model")
     ap.add_argument("--llama-python", help="interpreter with llama-cpp-python ('none' to skip llama.cpp)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -347,18 +348,21 @@ def main():
     for name in models:
         if name == "default":
             path = os.path.join(ROOT, "lazyggml", "data", "default.gguf")
-        elif name == "llama-125m":
+        elif name.split(":")[0] == "llama-125m":
             if args.model_dir:
                 os.makedirs(args.model_dir, exist_ok=True)
                 d = args.model_dir
             else:
                 tmp = tmp or tempfile.TemporaryDirectory(prefix="bench_generate_")
                 d = tmp.name
-            path = os.path.join(d, "llama-125m-q4_k_m-seed{seed}.gguf".format(**BIG))
+            wtype = name.split(":")[1] if ":" in name else None     # e.g. llama-125m:q5_0
+            mix = "q4_k_m" if wtype is None else wtype
+            types = None if wtype is None else {"*norm*": lg.F32, "*.weight": getattr(lg, wtype.upper())}
+            path = os.path.join(d, f"llama-125m-{mix}-seed{{seed}}.gguf".format(**BIG))
             if not os.path.exists(path):
                 from lazyggml.testing import make_tiny_llama
                 t0 = time.perf_counter()
-                make_tiny_llama(path + ".part", **BIG)
+                make_tiny_llama(path + ".part", types=types, **BIG)
                 os.replace(path + ".part", path)
                 print(f"wrote {path} in {time.perf_counter() - t0:.1f} s")
         else:
