@@ -156,6 +156,38 @@ def test_mul_mat_vs_numpy_and_ggml(t):
             assert np.array_equal(dst, g), (t.name, k, m, n, err)
 
 
+def ggml_get_rows(w_bytes, t, k, m):
+    """Rows 0..m-1 of a (m, k) tensor of type t, as GGML's CPU backend's GET_ROWS gives them."""
+    ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=w_bytes.nbytes + 8 * k * m + (16 << 20), mem_buffer=None,
+                                               no_alloc=False))
+    try:
+        w = ggml.ggml_new_tensor_2d(ctx, int(t), k, m)
+        ctypes.memmove(ggml.ggml_get_data(w), w_bytes.ctypes.data, w_bytes.nbytes)
+        idx = ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_I32, m)
+        ia = np.arange(m, dtype=np.int32)
+        ctypes.memmove(ggml.ggml_get_data(idx), ia.ctypes.data, ia.nbytes)
+        out = ggml.ggml_get_rows(ctx, w, idx)
+        gf = ggml.ggml_new_graph(ctx)
+        ggml.ggml_build_forward_expand(gf, out)
+        ggml.ggml_graph_compute_with_ctx(ctx, gf, 1)
+        p = ctypes.cast(ggml.ggml_get_data(out), ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(p, (m * k,)).reshape(m, k).copy()
+    finally:
+        ggml.ggml_free(ctx)
+
+
+@pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
+def test_dequantize_equals_ggml_get_rows(t):
+    """Every weight type's rows dequantize to GGML's CPU backend's bits (its GET_ROWS: the token
+    embeddings of a model), not only to gguf's NumPy dequantizer's."""
+    x = np.random.default_rng(int(t)).uniform(-1, 1, (16, 512)).astype(np.float32)
+    wb = ggml_quantize(t, x)
+    ours = np.empty_like(x)
+    for r in range(x.shape[0]):
+        get_type_traits_cpu(t).to_float(wb[r], ours[r])
+    assert np.array_equal(ours, ggml_get_rows(wb, t, 512, 16))
+
+
 def test_mul_mat_serial_and_parallel_agree():
     """Small products run on one thread, large ones on all: the two drivers give the same bits."""
     rng = np.random.default_rng(7)
