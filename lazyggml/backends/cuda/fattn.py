@@ -7,17 +7,17 @@ cells. Each K and V row read from memory serves all R rows (``pick_rows``: as ma
 registers hold). Decode has one query and few heads, so the window is cut into ``n_split``
 slices to give the GPU enough blocks (``pick_split``); a prompt has enough blocks with one slice.
 
-**A warp's walk.** Warp ``w`` takes the slice's cells ``w, w + NWARPS, ...``. Lane ``l`` holds
-elements ``l, l + 32, ...`` (``DJ = ceil(D/32)`` of them) of each row's query, already multiplied
-by the scale, and of each row's accumulator. The warp loads the *next* cell's K row, V row and
-mask values before it works on the current cell, so a load's latency overlaps the arithmetic (a
-warp's cells would otherwise be a chain of waits). Per cell: the R partial dot products, one
-warp reduction each, gives the scores ``s`` (``softcap·tanh(s)`` with a logit soft-cap, then plus
-``slope·mask``); the online softmax keeps a running maximum ``m`` and sum ``l`` per row: when
-``s`` raises the maximum, the sum and the accumulator are scaled by ``exp(m_old − s)`` first,
-then ``p = exp(s − m)`` is added to the sum and ``p·v`` to the accumulator. A row whose mask is
-−inf at a cell skips it; a cell masked for every row (the unused cells of a padded window) costs
-its loads only.
+**A warp's walk.** Warp ``w`` takes the slice's cells ``w, w + NWARPS, ...``, ``CU`` of them per
+step (``cells_per_step``: as many as the lanes' registers allow). Lane ``l`` holds elements
+``l, l + 32, ...`` (``DJ = ceil(D/32)`` of them) of each row's query, already multiplied by the
+scale, and of each row's accumulator. A step first loads its cells' K rows, V rows and mask
+values, all at once (one cell at a time would be a chain of waits), then computes the ``CU·R``
+partial dot products and one warp reduction each: the scores ``s`` (``softcap·tanh(s)`` with a
+logit soft-cap, then plus ``slope·mask``; −inf where the mask is −inf or past the slice). The
+online softmax keeps a running maximum ``m`` and sum ``l`` per row: when the step's largest score
+raises the maximum, the sum and the accumulator are scaled by ``exp(m_old − m_new)`` once, then
+each cell's ``p = exp(s − m)`` is added to the sum and ``p·v`` to the accumulator. Masked cells
+(the unused ones of a padded window) add nothing.
 
 **Merging.** The warps' ``(m, l, acc)`` meet in shared memory and are merged by rescaling to the
 largest maximum. With one slice the block writes ``acc / l`` (0 when ``l`` is 0: every cell
