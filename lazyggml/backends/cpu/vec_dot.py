@@ -44,11 +44,11 @@ from ...types import KVALUES_IQ4NL
 from . import quant, simd
 from .quant import TABLE_F32_F16 as _F16
 from .quant import fp32_to_fp16 as _fp32_to_fp16
-from .simd import (bcast_lane, bcast_pair16, bf16x8_to_f32, bits_to_bytes, concat, dot4_acc, f16x8_to_f32, fma,
-                   hadd_pairs, hi_half, lookup16, hsum_f32x4, hsum_f32x8, lo_half, load_f32, load_f32x8, load_i16x8, load_i16x16,
-                   load_i8x16, load_i8x32, load_u16, load_u32, madd, madd_acc, maddubs, sext, splat_f32x4,
-                   splat_f32x8, splat_i8x32, splat_i32x8, store_f32x8, to_f32, u32x4_to_i8x16, vabs, vadd, vand,
-                   vor, vsign, vsll, vsrl, vsub, zext)
+from .simd import (bcast_lane, bcast_pair16, bf16x8_to_f32, bits_to_bytes, concat, dot4_acc, f16x8_to_f32,
+                   fma, hadd_pairs, hi_half, lookup16, hsum_f32x4, hsum_f32x8, lo_half, load_f32, load_f32x8,
+                   load_i16x8, load_i16x16, load_i8x16, load_i8x32, load_u16, load_u32, madd, madd_acc,
+                   maddubs, sext, splat_f32x4, splat_f32x8, splat_i8x32, splat_i32x8, store_f32x8, to_f32,
+                   u32x4_to_i8x16, vabs, vadd, vand, vor, vsign, vsll, vsrl, vsub, zext)
 
 QK_K = 256
 # bytes per block (docs/quant-formats.md §1)
