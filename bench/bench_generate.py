@@ -357,7 +357,10 @@ def main():
                 d = tmp.name
             wtype = name.split(":")[1] if ":" in name else None     # e.g. llama-125m:q5_0
             mix = "q4_k_m" if wtype is None else wtype
-            types = None if wtype is None else {"*norm*": lg.F32, "*.weight": getattr(lg, wtype.upper())}
+            if wtype is not None and wtype.upper() not in lg.Type.__members__:
+                sys.exit(f"unknown weight type {wtype!r} in model {name!r}; "
+                         f"known: {', '.join(t.name.lower() for t in lg.types.WEIGHT_TYPES)}")
+            types = None if wtype is None else {"*norm*": lg.F32, "*.weight": lg.Type[wtype.upper()]}
             path = os.path.join(d, f"llama-125m-{mix}-seed{{seed}}.gguf".format(**BIG))
             if not os.path.exists(path):
                 from lazyggml.testing import make_tiny_llama

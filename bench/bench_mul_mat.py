@@ -130,8 +130,11 @@ def main():
     ap.add_argument("--write", metavar="PATH", help="also write the markdown results file")
     ap.add_argument("--types", help="only these weight types, comma-separated (e.g. q4_1,q5_0)")
     args = ap.parse_args()
-    rows = ROWS if not args.types else [(t, n) for t, n in ROWS
-                                        if t.name.lower() in args.types.lower().split(",")]
+    wanted = set(args.types.lower().split(",")) if args.types else None
+    known = {t.name.lower() for t, _ in ROWS}
+    if wanted and wanted - known:
+        sys.exit(f"--types: no rows for {', '.join(sorted(wanted - known))}; known: {', '.join(sorted(known))}")
+    rows = [(t, n) for t, n in ROWS if wanted is None or t.name.lower() in wanted]
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     rounds = 3 if args.quick else 5
