@@ -42,7 +42,6 @@ import lazyggml as lg  # noqa: E402
 from lazyggml.ops import op_desc  # noqa: E402
 from lazyggml.types import type_name  # noqa: E402
 from bench_gpu_e2e import WaitClock  # noqa: E402
-from lazyggml.backends.cuda.backend import _overlaps  # noqa: E402
 from bench_multi_gpu import model_args, model_path  # noqa: E402
 
 
@@ -138,9 +137,7 @@ class ReplayNodeTimer:
         be.q8_of = None
         self._ok(drv.cuEventRecordWithFlags(self.events[0], h, ext))
         for fn, node in nodes:
-            q8 = be.q8_of
-            if q8 is not None and _overlaps(node, q8[1]):
-                be.q8_of = None
+            be.writes(node)
             fn(be, node)
             self.nodes.append(node)
             self._ok(drv.cuEventRecordWithFlags(self.events[len(self.nodes)], h, ext))
