@@ -117,8 +117,6 @@ class ReplayNodeTimer:
             self.events = [self._ok(driver.cuEventCreate(flags)) for _ in range(n_nodes_max + 1)]
         self.nodes = []
         backend._drop_graphs()
-        for st in list(getattr(backend, "_captured", {}).values()):
-            st.drop()
         self._orig = backend._run
         backend._run = self._run
 
