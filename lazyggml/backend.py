@@ -71,6 +71,12 @@ class Device:
         """A host buffer type this device can copy from and to quickly (pinned memory), or None."""
         return None
 
+    def buffer_from_host_ptr(self, data):
+        """A buffer whose memory is ``data``, existing host memory (a ``uint8`` array the caller keeps
+        alive, e.g. a mapped file), used in place: GGML's ``ggml_backend_dev_buffer_from_host_ptr``.
+        None when this device cannot compute on host memory in place (the default)."""
+        return None
+
     def supports_op(self, t):
         """Whether this device can compute the node ``t`` (its op, types and shapes)."""
         return True

@@ -188,10 +188,16 @@ class Buffer:
 
 
 class HostBuffer(Buffer):
-    """Host memory: one NumPy ``uint8`` array, ``self.data``."""
+    """Host memory: one NumPy ``uint8`` array, ``self.data``: new zeroed memory, or ``data``, memory
+    that exists already (a mapped file: GGML's ``buffer_from_host_ptr``), used in place."""
 
-    def __init__(self, buft, size):
+    def __init__(self, buft, size, data=None):
         super().__init__(buft, size)
+        if data is not None:
+            if data.dtype != np.uint8 or data.ndim != 1 or data.size < self.size:
+                raise ValueError(f"{buft.name}: host memory must be a uint8 array of at least {self.size} bytes")
+            self.data = data
+            return
         try:
             self.data = np.zeros(self.size, dtype=np.uint8)
         except MemoryError:

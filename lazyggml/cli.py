@@ -184,7 +184,8 @@ def _run(args, path, watch, notice):
     from .models.llama import load_model
     model = load_model(path, n_gpu_layers=args.n_gpu_layers, device=args.device, n_ctx=args.ctx_size,
                        n_threads=args.threads, progress=sys.stderr.isatty(), tensor_split=args.tensor_split,
-                       n_batch=args.ubatch_size, flash_attn={"on": True, "off": False}.get(args.flash_attn))
+                       n_batch=args.ubatch_size, flash_attn={"on": True, "off": False}.get(args.flash_attn),
+                       mmap=not args.no_mmap)
     # One decode step, then forgotten: on a first run it compiles the one-token kernels now, before
     # any output, instead of stalling after the first token (the prompt's kernels compile during
     # the prefill, which comes before any output too). Later runs load them in milliseconds.
@@ -317,6 +318,8 @@ def build_parser():
                         help="prompt tokens per micro-batch (default 64 on the CPU, 512 when all layers are on a GPU)")
         sp.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"), default="auto",
                         help="fused attention (FLASH_ATTN_EXT); auto: on when every layer is on a GPU that runs it")
+        sp.add_argument("--no-mmap", action="store_true",
+                        help="copy the CPU's weights into memory of their own instead of using the mapped file in place")
         sp.add_argument("-t", "--threads", type=_number(int, 1), default=None,
                         help="CPU threads (default and maximum: the CPUs this process may use)")
         sp.add_argument("--temp", type=_number(float, 0.0), default=0.8,

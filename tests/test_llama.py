@@ -3,6 +3,7 @@ the dequantized weights (NMSE within ``TOLERANCE``: see there why not 5e-4), on 
 every split of the layers over the OpenCL device and the CPU, and over two stand-in GPUs; the KV
 cache; bad input."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -114,6 +115,20 @@ def test_logits_match_float64_reference_on_cpu(tiny):
     assert _nmse(got, reference_logits(hp, w, toks)) < tol, f"seed {SEED}"
 
 
+def test_cpu_weights_are_used_in_place_from_the_mapped_file(tiny):
+    """llama.cpp's ``use_mmap``: the CPU's weights are the file's bytes, in place (a private map, so
+    the page cache holds them once); ``mmap=False`` copies them; both give the same logits."""
+    path, hp, w, tol = tiny
+    mapped, copied = lg.load_model(path), lg.load_model(path, mmap=False)
+    for name, info in lg.read_gguf(path).tensors.items():
+        t = mapped.w[name]
+        assert isinstance(t.buffer.data.base, np.memmap) and t.buffer.data.base.filename == os.path.abspath(path)
+        assert t.offset == info.offset
+        assert not isinstance(copied.w[name].buffer.data.base, np.memmap)
+    toks = _tokens(12, hp.n_vocab, SEED)
+    np.testing.assert_array_equal(mapped.eval(toks), copied.eval(toks))
+
+
 def test_bf16_norms_are_widened_at_load_and_a_quantized_norm_is_refused(tmp_path):
     """A file is judged at load: BF16 (or F16) norm weights, which the backends' MUL does not take,
     are loaded as F32, exactly (the logits are the float64 reference's); a Q8_0 norm, which nothing
@@ -124,6 +139,7 @@ def test_bf16_norms_are_widened_at_load_and_a_quantized_norm_is_refused(tmp_path
     model = lg.load_model(path)
     norm = model.w["blk.1.ffn_norm.weight"]
     assert norm.type == lg.F32
+    assert norm.buffer is not model.w["blk.1.ffn_up.weight"].buffer   # a copy; the Q8_0 matrix is the file's
     np.testing.assert_array_equal(lg.tensor_get(norm).ravel(), w["blk.1.ffn_norm.weight"])
     toks = _tokens(9, hp.n_vocab, SEED)
     assert _nmse(model.eval(toks), reference_logits(hp, w, toks)) < TOLERANCE["q8_0"]

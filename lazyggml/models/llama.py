@@ -22,8 +22,9 @@ as llama.cpp's without flash attention (``v_trans``): row j holds element j of e
 ``v_cache^T @ kq`` reads the window's rows in place instead of transposing the whole window at
 every step; a token's values are written as single elements.
 
-Weights are loaded once into ``WEIGHTS`` buffers of the device that should compute with them
-(``n_gpu_layers``: the last N layers, and with N above the layer count the output too; over
+Weights are loaded once into ``WEIGHTS`` buffers of the device that should compute with them:
+the CPU's are used in place from the mapped file (``mmap``, llama.cpp's ``use_mmap``), a device's
+are copied there (``n_gpu_layers``: the last N layers, and with N above the layer count the output too; over
 several GPUs in consecutive runs of layers, ``split_layers``); the scheduler follows them, with
 one split per device and the hidden state copied across. When several devices hold everything,
 the scheduler runs pipeline-parallel (4 copy slots) and a prompt's micro-batches are queued
@@ -46,7 +47,7 @@ import numpy as np
 from .. import ops
 from ..ops import op_desc
 from ..alloc import alloc_ctx_tensors_from_buft
-from ..buffer import BufferUsage
+from ..buffer import BufferUsage, tensor_alloc
 from ..backend import DeviceType, tensor_get, tensor_set
 from ..registry import dev_by_name, dev_count, dev_get
 from ..backends.cpu import backend_cpu_init, set_n_threads
@@ -163,7 +164,7 @@ class LlamaModel:
     """A loaded LLaMA-architecture GGUF model with its KV cache (``lg.load_model``)."""
 
     def __init__(self, path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
-                 tensor_split=None, n_batch=None, flash_attn=None):
+                 tensor_split=None, n_batch=None, flash_attn=None, mmap=True):
         t0 = time.perf_counter()
         self.path = str(path)
         self.file = read_gguf(path)
@@ -195,23 +196,36 @@ class LlamaModel:
                 return self.layer_backends[hp.n_layer]
             return cpu
 
-        # weights: one no_alloc context per backend, then one WEIGHTS buffer each, filled from the map
+        # weights: used in place from the mapped file where the backend computes on host memory and
+        # the file's type is kept (llama.cpp's use_mmap: the page cache holds them once, shared and
+        # file-backed); every other weight goes to a WEIGHTS buffer of its backend (one no_alloc
+        # context each), filled from the map
         types = {name: self._load_type(name, info, backend_of(name)) for name, info in infos.items()}
         self._check_memory(types, infos, backend_of)
         self.w = {}
-        ctxs = {}
+        ctxs, maps, copied = {}, {}, []
+        file_map = np.memmap(self.path, dtype=np.uint8, mode="c").view(np.ndarray) if mmap else None
         for name, info in infos.items():
             b = backend_of(name)
-            ctx = ctxs.setdefault(b, Context())
-            t = ctx.new_tensor(types[name], info.ne)
+            if mmap and b not in maps:   # private (copy-on-write) map: writable arrays, as kernels expect
+                maps[b] = b.device.buffer_from_host_ptr(file_map)
+            buf = maps.get(b)
+            in_place = buf is not None and types[name] == info.type and info.offset % buf.buft.get_alignment() == 0
+            t = ctxs.setdefault(None if in_place else b, Context()).new_tensor(types[name], info.ne)   # None: mapped
             t.name = name
             self.w[name] = t
-        self.weight_buffers = []
+            if in_place:
+                tensor_alloc(buf, t, info.offset)
+                buf.usage = BufferUsage.WEIGHTS
+            else:
+                copied.append((name, info))
+        self.weight_buffers = [buf for buf in maps.values() if buf is not None and buf.usage == BufferUsage.WEIGHTS]
         for b, ctx in ctxs.items():
-            buf = alloc_ctx_tensors_from_buft(ctx, b.get_default_buffer_type())
-            buf.usage = BufferUsage.WEIGHTS
-            self.weight_buffers.append(buf)
-        items = list(infos.items())
+            if b is not None:
+                buf = alloc_ctx_tensors_from_buft(ctx, b.get_default_buffer_type())
+                buf.usage = BufferUsage.WEIGHTS
+                self.weight_buffers.append(buf)
+        items = copied
         if progress:
             from tqdm import tqdm
             items = tqdm(items, desc="loading", unit="tensor", leave=False)
@@ -504,7 +518,7 @@ class LlamaModel:
 
 
 def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
-               tensor_split=None, n_batch=None, flash_attn=None):
+               tensor_split=None, n_batch=None, flash_attn=None, mmap=True):
     """Load a LLaMA-family GGUF file (``lg.GGUFError`` if it is malformed or unsupported).
 
     ``n_gpu_layers``: offload the last N layers (above the layer count, the output too) to
@@ -512,6 +526,9 @@ def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, pr
     registry), split by ``tensor_split`` ratios or else by free memory (``split_layers``).
     ``n_batch``: tokens per prefill micro-batch (default ``N_BATCH``, or ``N_BATCH_GPU`` when every
     layer is on a GPU). ``flash_attn``: fused attention (``FLASH_ATTN_EXT``) on, off, or by default
-    on when every layer is on a GPU-class device that runs it."""
+    on when every layer is on a GPU-class device that runs it. ``mmap``: CPU weights are used in
+    place from the mapped file (llama.cpp's ``use_mmap``: held once, by the page cache); ``False``
+    copies them into memory of their own (``--no-mmap``)."""
     return LlamaModel(path, n_gpu_layers=n_gpu_layers, device=device, n_ctx=n_ctx, n_threads=n_threads,
-                      progress=progress, tensor_split=tensor_split, n_batch=n_batch, flash_attn=flash_attn)
+                      progress=progress, tensor_split=tensor_split, n_batch=n_batch, flash_attn=flash_attn,
+                      mmap=mmap)

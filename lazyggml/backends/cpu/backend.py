@@ -1,6 +1,7 @@
 """The CPU backend: host buffers backed by NumPy, and a ``graph_compute`` that runs Numba kernels.
 
-Memory: a CPU buffer is one ``uint8`` array; a tensor is a strided NumPy view at its offset
+Memory: a CPU buffer is one ``uint8`` array (new, or a mapped file used in place:
+``buffer_from_host_ptr``); a tensor is a strided NumPy view at its offset
 (``backend.host_view``), so kernels see ordinary arrays and never allocate.
 
 Compute: nodes run in order; empty ops (NONE and the four view ops), nodes without the COMPUTE
@@ -23,7 +24,7 @@ import numba
 from numba._dispatcher import compute_fingerprint
 
 from ...backend import Backend, Device, DeviceType, Registry, host_view
-from ...buffer import BufferType, Status
+from ...buffer import BufferType, HostBuffer, Status
 from ...ops import EMPTY_OPS
 from .table import FORWARD
 
@@ -56,6 +57,9 @@ class CPUDevice(Device):
 
     def supports_buft(self, buft):
         return buft.is_host()
+
+    def buffer_from_host_ptr(self, data):
+        return HostBuffer(self.get_buffer_type(), data.size, data)
 
     def supports_op(self, t):
         if t.op in EMPTY_OPS:
