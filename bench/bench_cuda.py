@@ -1,16 +1,18 @@
-"""CUDA backend benchmark: Q4_K mul_mat at GGML's perf shapes, and a decode step of a layer stack.
+"""CUDA backend benchmark: quantized mul_mat at GGML's perf shapes, and a decode step of a layer stack.
 
-    python bench/bench_cuda.py            # check + mul_mat table + decode step
-    python bench/bench_cuda.py --quick    # fewer repetitions
+    python bench/bench_cuda.py                          # check + Q4_K mul_mat table + decode step
+    python bench/bench_cuda.py --quick                  # fewer repetitions
+    python bench/bench_cuda.py --only-mul-mat --types q2_k,q3_k,q5_k,iq4_nl,iq4_xs --n 1 8
 
-1. **Check** at real shapes: mul_mat of Q4_K, Q6_K, Q8_0 (m=4096, k=14336, n in 1, 8, 512) and of
-   F16 against NumPy in float64 on the dequantized weights, by GGML's NMSE (limit 5e-4).
-2. **MUL_MAT Q4_K x F32**, m=4096, k=14336, n in {1, 8, 512}, timed as GGML's test-backend-ops
-   does: the op repeated in one graph (same weights, so they may sit in the 60 MB L2, as in GGML's
-   figure), the graph replayed as a CUDA graph, CUDA events around many replays, median of rounds.
-   Each op includes quantizing src1, as GGML's does. A second row per n rotates over 4 copies of
-   the weights (132 MB, beyond L2). Columns: µs per op, TFLOPS (2·m·n·k per op), GB/s of weights
-   read (once per op), and the ratio to GGML's H200 time.
+1. **Check** at real shapes: mul_mat of the ``--types`` (Q4_K by default) and of Q6_K, Q8_0 and F16
+   (m=4096, k=14336 for Q4_K, else m=1024, k=4096; n in 1, 8, 512) against NumPy in float64 on
+   the dequantized weights, by GGML's NMSE (limit 5e-4).
+2. **MUL_MAT x F32** for each of the ``--types``, m=4096, k=14336, n in {1, 8, 512}, timed as
+   GGML's test-backend-ops does: the op repeated in one graph (same weights, so they may sit in the
+   60 MB L2, as in GGML's figure), the graph replayed as a CUDA graph, CUDA events around many
+   replays, median of rounds. Each op includes quantizing src1, as GGML's does. A second row per n
+   rotates over 4 copies of the weights (beyond L2). Columns: µs per op, TFLOPS (2·m·n·k per op),
+   GB/s of weights read (once per op), and the ratio to GGML's H200 time where there is one.
 3. **Decode step** of a small LLaMA-shaped stack (Q4_K weights, Q6_K output, F16 KV cache): one
    token's graph timed (a) replayed as one CUDA graph, (b) as the sum of its kernels (each node's
    launches captured alone and replayed: pure GPU time, no gaps), (c) launched eagerly from Python.
@@ -31,10 +33,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import lazyggml as lg  # noqa: E402
 from lazyggml.alloc import alloc_ctx_tensors  # noqa: E402
-from lazyggml.types import Type, row_size  # noqa: E402
+from lazyggml.types import Type, row_size, type_size  # noqa: E402
 
-GGML_US = {1: 16.2, 8: 67.2, 512: 356.0}   # GGML d99724f2 on an H200 (ARCHITECTURE.md)
+# GGML's H200 times (µs): Q4_K at d99724f2 (ARCHITECTURE.md); at n = 1 the mmvq types added after
+# Q4_K (the figures that work was set against)
+GGML_US = {(Type.Q4_K, 1): 16.2, (Type.Q4_K, 8): 67.2, (Type.Q4_K, 512): 356.0}
+GGML_US.update({(Type.Q2_K, 1): 16.9, (Type.Q3_K, 1): 23.3, (Type.Q5_K, 1): 18.6, (Type.IQ4_NL, 1): 15.9,
+                (Type.IQ4_XS, 1): 14.5})
 M, K = 4096, 14336
+# the fp16 fields of each block (byte offset: value) that random_blocks sets to sane scales
+HALVES = {Type.Q4_0: {0: 0.004}, Type.Q4_1: {0: 0.004, 2: 0.002}, Type.Q5_0: {0: 0.004},
+          Type.Q5_1: {0: 0.004, 2: 0.002}, Type.Q8_0: {0: 0.004}, Type.Q2_K: {80: 0.002, 82: 0.001},
+          Type.Q3_K: {108: 0.002}, Type.Q4_K: {0: 0.002, 2: 0.001}, Type.Q5_K: {0: 0.002, 2: 0.001},
+          Type.Q6_K: {208: 0.0005}, Type.IQ4_NL: {0: 0.004}, Type.IQ4_XS: {0: 0.002}}
 
 
 def cuda_backend():
@@ -47,16 +58,9 @@ def cuda_backend():
 def random_blocks(type_, m, k, rng):
     """Valid random quantized rows without running a quantizer: random bytes, sane fp16 scales."""
     raw = rng.integers(0, 256, (m, row_size(type_, k)), dtype=np.uint8)
-    bs = {Type.Q4_K: 144, Type.Q6_K: 210, Type.Q8_0: 34}[type_]
-    blocks = raw.reshape(m, -1, bs)
-    half = lambda v: np.frombuffer(np.float16(v).tobytes(), np.uint8)  # noqa: E731
-    if type_ == Type.Q4_K:
-        blocks[:, :, 0:2] = half(0.002)
-        blocks[:, :, 2:4] = half(0.001)
-    elif type_ == Type.Q6_K:
-        blocks[:, :, 208:210] = half(0.0005)
-    else:
-        blocks[:, :, 0:2] = half(0.004)
+    blocks = raw.reshape(m, -1, type_size(type_))
+    for off, v in HALVES[type_].items():
+        blocks[:, :, off:off + 2] = np.frombuffer(np.float16(v).tobytes(), np.uint8)
     return raw
 
 
@@ -78,12 +82,13 @@ def events_time(be, fn, reps, rounds):
 
 
 # -- 1. correctness at real shapes ----------------------------------------------------------------
-def check(be, rng):
+def check(be, rng, types):
+    from lazyggml.backends.cuda.mmvq import VEC_DOT
     from lazyggml.quants import dequantize, quantize
     print("## Check against NumPy (float64, dequantized weights), NMSE limit 5e-4\n")
     print("| src0 | m | k | n | kernel | NMSE |\n| --- | --- | --- | --- | --- | --- |")
     worst = 0.0
-    for type_ in (Type.Q4_K, Type.Q6_K, Type.Q8_0, Type.F16):
+    for type_ in dict.fromkeys((*types, Type.Q6_K, Type.Q8_0, Type.F16)):
         m, k = (M, K) if type_ == Type.Q4_K else (1024, 4096)
         W = rng.uniform(-1, 1, (m, k)).astype(np.float32)
         wb = W.astype(np.float16) if type_ == Type.F16 else quantize(type_, W)
@@ -104,7 +109,7 @@ def check(be, rng):
             ref = X.astype(np.float64) @ Wd.T
             e = float(np.sum((got - ref) ** 2) / np.sum(ref ** 2))
             worst = max(worst, e)
-            kern = ("mmvq" if n <= 8 else ("mmq" if type_ == Type.Q4_K else "dequant+gemm")) \
+            kern = ("mmvq" if n <= 8 and type_ in VEC_DOT else ("mmq" if type_ == Type.Q4_K else "dequant+gemm")) \
                 if type_ != Type.F16 else ("mmvf" if n <= 8 else "gemm")
             print(f"| {type_.name} | {m} | {k} | {n} | {kern} | {e:.2e} |", flush=True)
             buf.free()
@@ -112,18 +117,18 @@ def check(be, rng):
     return worst <= 5e-4
 
 
-# -- 2. MUL_MAT Q4_K x F32 --------------------------------------------------------------------------
-def bench_mul_mat(be, rng, n, copies, quick):
+# -- 2. MUL_MAT x F32 ------------------------------------------------------------------------------
+def bench_mul_mat(be, rng, type_, n, copies, quick):
     flops = 2.0 * M * n * K
-    runs = {1: 64, 8: 32, 512: 8}[n] // (2 if quick else 1)
+    runs = {1: 64, 8: 32, 512: 8}.get(n, 8 if n > 8 else 32) // (2 if quick else 1)
     ctx = lg.Context()
-    ws = [ctx.new_tensor_2d(lg.Q4_K, K, M) for _ in range(copies)]
+    ws = [ctx.new_tensor_2d(type_, K, M) for _ in range(copies)]
     x = ctx.new_tensor_2d(lg.F32, K, n)
     g = lg.Graph(size=4 * runs + 16)
     for r in range(runs):
         lg.build_forward_expand(g, lg.mul_mat(ws[r % copies], x))
     buf = alloc_ctx_tensors(ctx, be)
-    wb = random_blocks(Type.Q4_K, M, K, rng)
+    wb = random_blocks(type_, M, K, rng)
     for w in ws:
         lg.tensor_set(w, wb)
     lg.tensor_set(x, rng.uniform(-1, 1, (n, K)).astype(np.float32))
@@ -131,7 +136,7 @@ def bench_mul_mat(be, rng, n, copies, quick):
         be.graph_compute(g)
     us = events_time(be, lambda: be.graph_compute(g), 5 if quick else 20, 5 if quick else 9) / runs
     buf.free()
-    wbytes = row_size(Type.Q4_K, K) * M
+    wbytes = row_size(type_, K) * M
     return us, flops / us / 1e6, wbytes / us / 1e3
 
 
@@ -233,7 +238,14 @@ def main():
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--only-mul-mat", action="store_true", help="just the mul_mat table (dp4a variants)")
     ap.add_argument("--n", type=int, nargs="+", default=[1, 8, 512], help="mul_mat column counts")
+    ap.add_argument("--types", default="q4_k", help="mul_mat weight types, comma-separated (e.g. q2_k,iq4_xs)")
     args = ap.parse_args()
+    known = {t.name.lower(): t for t in HALVES}
+    wanted = args.types.lower().split(",")
+    unknown = sorted(set(wanted) - set(known))
+    if unknown:
+        sys.exit(f"--types: no rows for {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    types = list(dict.fromkeys(known[w] for w in wanted))
     rng = np.random.default_rng(0)
     be = cuda_backend()
     from lazyggml.backends.cuda.common import DP4A_IMPL
@@ -242,19 +254,21 @@ def main():
     print(f"# lazyggml CUDA benchmark, {datetime.date.today()}, {name}, dp4a: {DP4A_IMPL}\n")
     ok = True
     if not (args.skip_check or args.only_mul_mat):
-        ok = check(be, rng)
+        ok = check(be, rng, types)
 
     from lazyggml.backends.cuda.mmq import use_mma
     with be.device.context():
         mmq_kind = "int8 MMA" if use_mma() else "dp4a"
-    print(f"## MUL_MAT Q4_K x F32, m={M}, k={K} (dp4a: {DP4A_IMPL}, mmq: {mmq_kind})\n")
-    print("| n | weights | µs/op | TFLOPS | GB/s weights | GGML H200 µs | ratio |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for n in args.n:
-        for copies, label in ((1, "same (L2-warm, as GGML)"), (4, "4 copies (L2-cold)")):
-            us, tflops, gbs = bench_mul_mat(be, rng, n, copies, args.quick)
-            print(f"| {n} | {label} | {us:.1f} | {tflops:.2f} | {gbs:.0f} | {GGML_US[n]} | {us / GGML_US[n]:.2f}x |",
-                  flush=True)
+    print(f"## MUL_MAT x F32, m={M}, k={K} (dp4a: {DP4A_IMPL}, mmq: {mmq_kind})\n")
+    print("| src0 | n | weights | µs/op | TFLOPS | GB/s weights | GGML H200 µs | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for type_ in types:
+        for n in args.n:
+            for copies, label in ((1, "same (L2-warm, as GGML)"), (4, "4 copies (L2-cold)")):
+                us, tflops, gbs = bench_mul_mat(be, rng, type_, n, copies, args.quick)
+                ggml = GGML_US.get((type_, n))
+                vs = f"{ggml} | {us / ggml:.2f}x" if ggml else "– | –"
+                print(f"| {type_.name} | {n} | {label} | {us:.1f} | {tflops:.2f} | {gbs:.0f} | {vs} |", flush=True)
     if args.only_mul_mat:
         return
     cfg, n_nodes, t_graph, t_sum, t_eager = bench_decode(be, rng, args.quick)

@@ -592,6 +592,7 @@ if CHILD:
         ("Q4_K", 2, 256, 5),     # 5 columns: 8 groups of 4 lanes, the last 3 repeat column 4 unwritten
         ("Q6_K", 4, 256, 1),
         ("Q6_K", 3, 512, 3),
+        ("Q6_K", 3, 256, 2),     # the tensor's last block 4-byte aligned: its last word read alone
         ("Q8_0", 4, 64, 1),
         ("Q8_0", 3, 1024, 2),
         ("Q4_0", 3, 64, 1),
@@ -599,10 +600,24 @@ if CHILD:
         ("Q4_1", 3, 64, 2),
         ("Q5_0", 3, 96, 1),
         ("Q5_1", 2, 64, 3),
+        ("Q5_K", 3, 256, 1),
+        ("Q5_K", 2, 512, 6),
+        ("Q2_K", 3, 512, 1),     # 2 lanes per super-block
+        ("Q2_K", 2, 256, 4),
+        ("Q3_K", 3, 512, 1),     # blocks of 110 bytes: every other one 2 bytes off a word
+        ("Q3_K", 3, 256, 2),     # the tensor's last block 4-byte aligned: its last word read alone
+        ("IQ4_NL", 3, 96, 1),    # 18-byte blocks, one lane each; an odd number of them
+        ("IQ4_NL", 2, 64, 7),
+        ("IQ4_XS", 3, 256, 1),
+        ("IQ4_XS", 2, 512, 8),
     ])
-    def test_sim_mmvq(be, rng, type_name, m, k, n):
+    def test_sim_mmvq(be, rng, monkeypatch, type_name, m, k, n):
+        from lazyggml.backends.cuda import mmvq, ops
         type_ = getattr(lg, type_name)
+        launched = []
+        monkeypatch.setattr(ops, "launch_mmvq", lambda *a: launched.append(a[1]) or mmvq.launch_mmvq(*a))
         got, ref, X, Wd, _ = mul_mat_on(lg, be, type_, m, k, (k, n, 1, 1), rng)
+        assert launched == [type_]
         assert nmse(got, ref) <= QUANT_NMSE
         assert nmse(got, q8_1_reference(Wd, X, q8_1_model)) <= 1e-10
 

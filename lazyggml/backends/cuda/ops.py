@@ -7,14 +7,14 @@ honest: what they accept is what the kernels compute.
 MUL_MAT picks its kernel as below: Q4_K as GGML's ``ggml_cuda_mul_mat`` does for an H200
 (docs/quant-formats.md §6.5); the other paths are lazyggml's choice:
 
-* src0 quantized, at most 8 columns: quantize src1 to q8_1, then **mmvq** (Q4_0, Q4_1, Q5_0, Q5_1,
-  Q8_0, Q4_K, Q6_K);
+* src0 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS
+  (``mmvq.VEC_DOT``), at most 8 columns: quantize src1 to q8_1, then **mmvq**;
   the quantized src1 stays in the backend's work area, and the next product of the same src1
   (a layer's q, k and v; gate and up) uses it as is (``CUDABackend.q8_of`` says whose it is);
 * src0 Q4_K, more columns: quantize src1 to q8_1 in the DS4 mmq layout, then **mmq**;
-* any other quantized src0 (the mmvq types with more columns; Q2_K, Q3_K, Q5_K always, for now):
-  dequantize src0 to F16 scratch (F32 without tensor cores), then the float kernels (GGML's
-  dequantize + cuBLAS path);
+* any other quantized src0 with more columns (or a view that mmvq cannot read, below): dequantize
+  src0 to F16 scratch (F32 without tensor cores), then the float kernels (GGML's dequantize +
+  cuBLAS path);
 * src0 F32/F16: ``mul_mat_vec_f`` up to 8 columns, else the tensor-core ``mul_mat_f_mma`` for F16
   with packed rows, the tiled ``mul_mat_f`` otherwise.
 
@@ -22,8 +22,9 @@ Fusion (``fuse``, applied once per graph by the backend): RMS_NORM or NORM follo
 of its result by a weight row is one launch, and so is an ADD whose sum that norm normalises
 (the residual stream: the sum is still written, for the next residual add).
 
-Q6_K mmvq needs its tensor at a 4-byte aligned offset (its flat int32 view); a view elsewhere
-takes the dequantize path.
+mmvq needs its tensor at a 4-byte aligned offset (int32 views, flat for Q3_K and Q6_K),
+16-byte for Q4_K and Q5_K, 8-byte for IQ4_XS (their wide loads: ``mmvq.ALIGN``); a view
+elsewhere takes the dequantize path.
 
 FLASH_ATTN_EXT runs ``fattn.py``'s kernel for head sizes up to 256 with equal K and V head sizes.
 """
@@ -42,7 +43,7 @@ from .fattn import MAX_D, launch_fattn
 from .elementwise import BINARY_CODE, BLOCK, GLU_OPS, UNARY_OPS, binary, copy, glu, grid_for, scale, unary
 from .matmul import launch_mul_mat_f
 from .mmq import launch_mmq
-from .mmvq import MMVQ_MAX_BATCH_SIZE, VEC_DOT, launch_mmvq
+from .mmvq import ALIGN, MMVQ_MAX_BATCH_SIZE, VEC_DOT, launch_mmvq
 from .norm import launch_norm
 from .quantize import launch_quantize_mmq_q8_1, launch_quantize_q8_1, mmq_q8_1_bytes, q8_1_bytes
 from .rope import launch_rope
@@ -84,7 +85,7 @@ def mul_mat(be, node):
     sb = elem_strides(b)[1:]
     ncols = b.ne[1]
     nrows_b = b.ne[1] * b.ne[2] * b.ne[3]
-    if a.type in VEC_DOT and ncols <= MMVQ_MAX_BATCH_SIZE and a.offset % 4 == 0:
+    if a.type in VEC_DOT and ncols <= MMVQ_MAX_BATCH_SIZE and a.offset % ALIGN.get(a.type, 4) == 0:
         n = q8_1_bytes(b.ne[0], nrows_b)
         if be.q8_of != ("vec", b, n):   # q, k and v (gate and up) multiply the same activations
             launch_quantize_q8_1(s, y, be.scratch("q8", n, np.int8), be.scratch("q8", n, np.float16), b.ne, sb)
