@@ -2,11 +2,12 @@
 
 ``quantize(t, x)`` gives exactly the bytes of GGML's ``ggml_quantize_chunk(t, x, ..., imatrix=NULL)``
 (the reference quantizers, docs/quant-formats.md §4); ``dequantize(t, data, n_per_row)`` gives
-exactly GGML's ``dequantize_row_*`` floats. The kernels and these drivers live in
-``backends/cpu/quant.py``; this module is their public home.
+exactly GGML's ``dequantize_row_*`` floats. The kernels live in ``backends/cpu/quant.py``, these
+drivers in ``backends/cpu/convert.py``; this module is their public home.
 
-Supported types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K,
-Q6_K, Q8_K.
+Supported types (``SUPPORTED_TYPES``): F32 and every type with a reference quantizer in the CPU
+traits table (``backends/cpu/traits.py``): F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K,
+Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS.
 
 NaN and Inf inputs:
 
@@ -20,6 +21,6 @@ NaN and Inf inputs:
 * One intentional difference: an all-zero Q8_K block gets zero ``bsums``; GGML leaves them as
   they were in the destination buffer.
 """
-from .backends.cpu.quant import SUPPORTED_TYPES, dequantize, quantize
+from .backends.cpu.convert import SUPPORTED_TYPES, dequantize, quantize
 
 __all__ = ["SUPPORTED_TYPES", "quantize", "dequantize"]

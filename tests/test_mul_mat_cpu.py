@@ -1,4 +1,5 @@
-"""The CPU quantized matmul (backends/cpu/matmul.py, vec_dot.py, simd.py, traits.py).
+"""The CPU quantized matmul (backends/cpu/matmul.py, vec_dot.py, simd.py, traits.py, and dispatch.py,
+generated from the traits table by scripts/generate_cpu_dispatch.py).
 
 Three oracles:
 * float64 NumPy of the dequantized weights: NMSE <= 5e-4 (test-backend-ops' MUL_MAT threshold) on
@@ -11,8 +12,10 @@ Three oracles:
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -20,11 +23,12 @@ import textwrap
 import numpy as np
 import pytest
 
+from lazyggml.backends.cpu import dispatch as D
 from lazyggml.backends.cpu import matmul as M
 from lazyggml.backends.cpu import quant as Q
 from lazyggml.backends.cpu import simd
 from lazyggml.backends.cpu import vec_dot as V
-from lazyggml.backends.cpu.traits import TYPE_TRAITS_CPU, get_type_traits_cpu
+from lazyggml.backends.cpu.traits import TYPE_TRAITS_CPU, get_type_traits_cpu, types_with
 from lazyggml.types import Type, row_size, type_size, blck_size
 
 import ggml  # noqa: E402  (ggml-python, the GGML oracle: the test extra installs it)
@@ -95,7 +99,7 @@ def make_weights(t, wf):
         return u16, bits.reshape(*shp, -1), deq
     qb = ggml_quantize(t, wf.reshape(-1, k)).reshape(*shp, -1)
     deq = np.empty(wf.size, np.float32)
-    Q.dequantize_chunk(int(t), qb.reshape(-1), deq)
+    D.dequantize_chunk(int(t), qb.reshape(-1), deq)
     return qb, qb, deq.reshape(wf.shape).astype(np.float64)
 
 
@@ -307,10 +311,80 @@ def test_vec_dot_float(t):
 def test_traits_table():
     for t in ALL_TYPES:
         tr = TYPE_TRAITS_CPU[t]
-        assert tr.type == t and tr.vec_dot is not None and tr.to_float is not None
+        assert tr.type == t and tr.vec_dot is not None and tr.to_float is not None and tr.fast
+        assert (tr.blck_size, tr.type_size) == (blck_size(t), type_size(t))
     assert TYPE_TRAITS_CPU[Type.Q4_K].vec_dot_type == Type.Q8_K
     assert TYPE_TRAITS_CPU[Type.Q8_0].vec_dot_type == Type.Q8_0
     assert TYPE_TRAITS_CPU[Type.F16].vec_dot_type == Type.F16
+    assert not TYPE_TRAITS_CPU[Type.Q8_K].fast and TYPE_TRAITS_CPU[Type.F32].from_float_ref is None
+    # the matmul's weight types are the table's, and so are this file's: a type added to the table
+    # needs its tests here
+    assert M.QUANT_TYPES == types_with("dot_cols") and set(M.SUPPORTED_TYPES) == set(ALL_TYPES)
+    assert set(QUANT_TYPES) == set(types_with("dot_cols"))
+
+
+# ----------------------------------------------------------------------------------------------
+# dispatch.py: the type switches, generated from the traits table
+# ----------------------------------------------------------------------------------------------
+
+def _generator():
+    """scripts/generate_cpu_dispatch.py as a module."""
+    path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "generate_cpu_dispatch.py"
+    spec = importlib.util.spec_from_file_location("generate_cpu_dispatch", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dispatch_is_what_the_generator_writes():
+    """dispatch.py is committed generated code: regenerating it from the table gives the same file."""
+    assert _generator().render() == pathlib.Path(D.__file__).read_text(), \
+        "lazyggml/backends/cpu/dispatch.py is stale: run .venv/bin/python scripts/generate_cpu_dispatch.py"
+
+
+def _kernel_name(fn):
+    return f"{fn.py_func.__module__.rpartition('.')[2]}.{fn.__name__}"
+
+
+def test_dispatch_has_every_type_of_the_table():
+    """Each generated switch has a branch for every type of the traits table that has its kernel,
+    calling that kernel, and no other branch; the chunk and activation switches also give the bytes
+    of the table's own kernels (a type added to the table without regenerating fails here)."""
+    want = {name: {} for name in ("quantize_chunk", "dequantize_chunk", "from_float", "dot", "dot_cols")}
+    for t, tr in TYPE_TRAITS_CPU.items():
+        if tr.from_float_ref is not None:
+            want["quantize_chunk"][int(t)] = _kernel_name(tr.from_float_ref)
+            want["dequantize_chunk"][int(t)] = _kernel_name(tr.to_float)
+        if tr.dot_cols is not None:
+            want["dot"][int(t)] = _kernel_name(tr.dot)
+            want["dot_cols"][int(t)] = _kernel_name(tr.dot_cols)
+            vdt = tr.vec_dot_type
+            want["from_float"][int(vdt)] = _kernel_name(TYPE_TRAITS_CPU[vdt].from_float)
+    for name, cases in want.items():
+        have = D.SWITCHES.get(name, {})
+        wrong = sorted(Type(i).name for i in cases.keys() | have.keys() if cases.get(i) != have.get(i))
+        assert not wrong, f"dispatch.{name}: the branches of {wrong} do not match the traits table: " \
+                          "run .venv/bin/python scripts/generate_cpu_dispatch.py"
+
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-1, 1, 512).astype(np.float32)
+    for t in types_with("from_float_ref"):
+        tr = TYPE_TRAITS_CPU[t]
+        ref, got = np.zeros(row_size(t, 512), np.uint8), np.full(row_size(t, 512), 0xA5, np.uint8)
+        tr.from_float_ref(x, ref)
+        D.quantize_chunk(int(t), x, got)
+        assert np.array_equal(got, ref), t.name
+        ref.flags.writeable = False   # as convert.dequantize passes them
+        f, g = np.empty(512, np.float32), np.full(512, np.nan, np.float32)
+        tr.to_float(ref, f)
+        D.dequantize_chunk(int(t), ref, g)
+        assert np.array_equal(g.view(np.uint32), f.view(np.uint32)), t.name
+    for vdt in {TYPE_TRAITS_CPU[t].vec_dot_type for t in types_with("dot_cols")}:
+        ref, got = np.zeros(row_size(vdt, 512), np.uint8), np.full(row_size(vdt, 512), 0xA5, np.uint8)
+        TYPE_TRAITS_CPU[vdt].from_float(x, ref)
+        D.from_float(int(vdt), x, got)
+        assert np.array_equal(got, ref), vdt.name
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from numba import njit
 
 from ...cache import tie_cache
 from ...types import Type
+from . import convert as _convert
 from . import quant as _quant
 from . import simd
 
@@ -46,8 +47,8 @@ def as_bits(a):
 
 
 def quant_ready(t):
-    """True when ``quant.quantize`` / ``quant.dequantize`` handle rows of type ``t``."""
-    return t in _quant.SUPPORTED_TYPES
+    """True when ``convert.quantize`` / ``convert.dequantize`` handle rows of type ``t``."""
+    return t in _convert.SUPPORTED_TYPES
 
 
 @_kernel

@@ -10,7 +10,7 @@ Elements move as raw bits with a kind that says how to convert them (``common.py
 Quantized copies follow GGML's two special cases: quantized -> float (``dup_from_q``) dequantizes
 each source row and scatters it in logical order; float -> quantized (``dup_to_q``) needs a
 contiguous destination and quantizes each source row into the next ``row_size`` bytes. The rows go
-through ``quant.quantize`` / ``quant.dequantize`` (the quantizers' own compiled drivers, threaded
+through ``convert.quantize`` / ``convert.dequantize`` (the quantizers' own compiled drivers, threaded
 for large inputs) rather than being compiled into these kernels a second time.
 
 The kernels here are serial: copies are memory bound, and a ``parallel=True`` kernel costs about
@@ -26,7 +26,7 @@ from ...ops import Op
 from ...types import Type, blck_size, is_quantized, type_size
 from . import quant as _quant
 from . import simd
-from . import common
+from . import common, convert
 from .common import (FLOAT_TYPES, KIND, KIND_F32, KIND_RAW, as_bits, convert_row, from_f32, quant_ready, to_f32,
                      unravel_row)
 from .table import forward
@@ -99,7 +99,7 @@ def _supports(node):
 
 def _copy_from_q(qtype, s, n0, dst, dkind):
     """Dequantize the rows of ``s``, then scatter them in logical order."""
-    rows = _quant.dequantize(qtype, np.ascontiguousarray(s), n0)
+    rows = convert.dequantize(qtype, np.ascontiguousarray(s), n0)
     copy_flat(rows.reshape(s.shape[:3] + (-1,)).view(np.uint32), KIND_F32, as_bits(dst), dkind)
 
 
@@ -109,7 +109,7 @@ def _copy_to_q(s, skind, n0, dst, qtype):
     if skind != KIND_F32:
         rows = np.empty(s.shape, np.float32)
         copy_flat(as_bits(s), skind, rows.view(np.uint32), KIND_F32)
-    dst.reshape(-1)[:] = _quant.quantize(qtype, rows.reshape(-1, n0)).reshape(-1)
+    dst.reshape(-1)[:] = convert.quantize(qtype, rows.reshape(-1, n0)).reshape(-1)
 
 
 @forward(Op.DUP, Op.CONT, Op.CPY, supports=_supports)

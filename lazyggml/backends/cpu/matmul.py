@@ -13,17 +13,19 @@ Shapes are NumPy's view of GGML's (reversed ``ne``)::
 How it runs (GGML's ``ggml_compute_forward_mul_mat``, reorganised):
 
 1. **Activations are converted once** to the weight type's ``vec_dot_type`` (traits.py): Q8_K for
-   the K-quants, Q8_0 for Q4_0/Q8_0/Q5_0, Q8_1 for Q4_1/Q5_1, fp16- or bf16-rounded floats for
-   F16/BF16 weights. From then on a dot product is integer multiply-adds on both sides. For the
-   SIMD types the quantized columns are stored block-major (block i of all columns together), so
-   a tile of columns is read as one contiguous stream.
+   the K-quants and IQ4_XS, Q8_0 for Q4_0/Q8_0/Q5_0/IQ4_NL, Q8_1 for Q4_1/Q5_1, fp16- or
+   bf16-rounded floats for F16/BF16 weights. From then on a dot product is integer multiply-adds
+   on both sides. For the SIMD types the quantized columns are stored block-major (block i of all
+   columns together), so a tile of columns is read as one contiguous stream.
 2. **The output is cut into tasks**: a tile of ``RT`` weight rows × ``CT`` activation columns of
    one batch. Threads (Numba ``prange``, ``numba.set_num_threads``) take tasks from a shared atomic
    counter, so a core slowed down by something else just does fewer of them.
 3. **A task** walks its weight rows; each row is dotted with all ``CT`` columns at once by
    ``vec_dot.dot_cols_*``, which unpacks every weight block once for all the columns (a weight
    byte is read from memory once per column tile, and unpacked once per column tile). With a
-   single column, the register-only ``vec_dot.dot_*`` is used.
+   single column, the register-only ``vec_dot.dot_*`` is used. The kernels of the weight type
+   are the traits table's ``dot`` / ``dot_cols``, picked by the switches generated from it
+   (``dispatch.py``).
 
 Decode (``ne11 <= 8``) is then a matrix-vector product parallel over weight rows: memory-bound,
 it reads the weights once. Prefill (many columns) is compute-bound and gains from the per-block
@@ -50,34 +52,21 @@ from ...ops import Op
 from ...types import Type, as_type, row_size, type_size
 from . import common
 from .table import forward
+from . import dispatch as D
 from . import quant as Q
 from . import simd
 from . import vec_dot as V
-from .common import KIND, from_f32, to_f32, unravel_row
+from .common import FLOAT_TYPES, KIND, KIND_F16, KIND_F32, from_f32, to_f32, unravel_row
+from .traits import TYPE_TRAITS_CPU, types_with
 
 _kernel = njit(cache=True)
 _parallel = njit(cache=True, parallel=True)
 
-# weight types by path; the ids are GGML's type ids, passed to the njit switches below
-QUANT_TYPES = (Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1,
-               Type.Q2_K, Type.Q3_K, Type.IQ4_NL, Type.IQ4_XS)
-FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
+# weight types by path: the quantized ones are those with the matmul's kernels in the traits table
+# (their GGML type ids go to the generated switches of dispatch.py), the float ones run by element
+# kind (common.KIND)
+QUANT_TYPES = types_with("dot_cols")
 SUPPORTED_TYPES = QUANT_TYPES + FLOAT_TYPES
-
-_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = (int(t) for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1,
-                                                      Type.Q8_0))
-_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = (int(t) for t in (Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K,
-                                                      Type.Q6_K))
-_Q8_K, _Q8_1 = int(Type.Q8_K), int(Type.Q8_1)
-_IQ4_NL, _IQ4_XS = int(Type.IQ4_NL), int(Type.IQ4_XS)
-_F32, _F16, _BF16 = int(Type.F32), int(Type.F16), int(Type.BF16)
-
-# activation type of each quantized weight type (GGML's type_traits_cpu[].vec_dot_type)
-VEC_DOT_TYPE = {Type.Q4_K: Type.Q8_K, Type.Q5_K: Type.Q8_K, Type.Q6_K: Type.Q8_K,
-                Type.Q2_K: Type.Q8_K, Type.Q3_K: Type.Q8_K, Type.Q8_0: Type.Q8_0,
-                Type.Q4_0: Type.Q8_0, Type.Q5_0: Type.Q8_0, Type.Q4_1: Type.Q8_1,
-                Type.Q5_1: Type.Q8_1, Type.IQ4_NL: Type.Q8_0, Type.IQ4_XS: Type.Q8_K, Type.F32: Type.F32,
-                Type.F16: Type.F16, Type.BF16: Type.BF16}
 
 # Tile sizes. CT columns share each unpacked weight block; 16 columns of a k=14336 Q8_K row are
 # 256 KiB, which stays in a core's L2 while RT weight rows stream past. Measured on the dev
@@ -96,21 +85,6 @@ PARALLEL_MIN_MACS = 1 << 16
 # =================================================================================================
 
 @_kernel
-def _block_bytes(vtid):
-    return 292 if vtid == _Q8_K else (34 if vtid == _Q8_0 else 36)
-
-
-@_kernel
-def _quantize_row(vtid, x, y):
-    if vtid == _Q8_K:
-        Q.quantize_row_q8_K(x, y)
-    elif vtid == _Q8_0:
-        V.quantize_row_q8_0_cpu(x, y)
-    else:
-        V.quantize_row_q8_1_cpu(x, y)
-
-
-@_kernel
 def _quantize_rows(vtid, x4, yq, rs, bsz, r0, r1, tmp, rowbuf):
     """Quantize activation rows r0..r1 (flattened over i3, i2, i1) into yq, rs bytes per row.
 
@@ -125,7 +99,7 @@ def _quantize_rows(vtid, x4, yq, rs, bsz, r0, r1, tmp, rowbuf):
         i2 = (r // ne11) % ne12
         i3 = r // (ne11 * ne12)
         tmp[:] = x4[i3, i2, i1, :]
-        _quantize_row(vtid, tmp, rowbuf)
+        D.from_float(vtid, tmp, rowbuf)
         base = (r - i1) * rs + i1 * bsz
         for i in range(rs // bsz):
             o = base + i * ne11 * bsz
@@ -179,7 +153,8 @@ def _n_tasks(w4, dst, RT, CT):
 
 @_kernel
 def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
-    """One task of a SIMD type; yq is block-major (see _quantize_rows)."""
+    """One task of a SIMD type; yq is block-major (see _quantize_rows). ``kid`` is the weight's
+    type id, for the generated switches ``dispatch.dot`` / ``dot_cols`` (inlined here)."""
     j3, j2, i3, i2, r0, r1, c0, nc = _task_geometry(t, w4, dst, RT, CT)
     ne11 = dst.shape[2]
     yo = (i3 * dst.shape[1] + i2) * ne11 * rs + c0 * bsz
@@ -188,54 +163,9 @@ def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
         x = w4[j3, j2, r]
         if ne11 == 1:
             # a single column (decode): the register-only kernel, contiguous blocks
-            if kid == _Q4_K:
-                tmp[0] = V.dot_q4_K_q8_K(n, x, yq, yo)
-            elif kid == _Q6_K:
-                tmp[0] = V.dot_q6_K_q8_K(n, x, yq, yo)
-            elif kid == _Q5_K:
-                tmp[0] = V.dot_q5_K_q8_K(n, x, yq, yo)
-            elif kid == _Q8_0:
-                tmp[0] = V.dot_q8_0_q8_0(n, x, yq, yo)
-            elif kid == _Q4_1:
-                tmp[0] = V.dot_q4_1_q8_1(n, x, yq, yo)
-            elif kid == _Q5_0:
-                tmp[0] = V.dot_q5_0_q8_0(n, x, yq, yo)
-            elif kid == _Q5_1:
-                tmp[0] = V.dot_q5_1_q8_1(n, x, yq, yo)
-            elif kid == _Q2_K:
-                tmp[0] = V.dot_q2_K_q8_K(n, x, yq, yo)
-            elif kid == _Q3_K:
-                tmp[0] = V.dot_q3_K_q8_K(n, x, yq, yo)
-            elif kid == _IQ4_NL:
-                tmp[0] = V.dot_iq4_nl_q8_0(n, x, yq, yo)
-            elif kid == _IQ4_XS:
-                tmp[0] = V.dot_iq4_xs_q8_K(n, x, yq, yo)
-            else:
-                tmp[0] = V.dot_q4_0_q8_0(n, x, yq, yo)
-        elif kid == _Q4_K:
-            V.dot_cols_q4_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
-        elif kid == _Q6_K:
-            V.dot_cols_q6_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
-        elif kid == _Q5_K:
-            V.dot_cols_q5_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
-        elif kid == _Q8_0:
-            V.dot_cols_q8_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
-        elif kid == _Q4_1:
-            V.dot_cols_q4_1_q8_1(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
-        elif kid == _Q5_0:
-            V.dot_cols_q5_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
-        elif kid == _Q5_1:
-            V.dot_cols_q5_1_q8_1(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
-        elif kid == _Q2_K:
-            V.dot_cols_q2_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
-        elif kid == _Q3_K:
-            V.dot_cols_q3_K_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
-        elif kid == _IQ4_NL:
-            V.dot_cols_iq4_nl_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
-        elif kid == _IQ4_XS:
-            V.dot_cols_iq4_xs_q8_K(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+            tmp[0] = D.dot(kid, n, x, yq, yo)
         else:
-            V.dot_cols_q4_0_q8_0(n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+            D.dot_cols(kid, n, x, yq, yo, bsz, ybs, nc, acc, tmp)
         for c in range(nc):
             dst[i3, i2, c0 + c, r] = tmp[c]
 
@@ -273,9 +203,9 @@ def _task_float(kind, n, w4, xf, dst, t, RT, CT, acc, tmp):
         if dst.shape[2] == 1:
             # a single column (decode): the register-only kernel
             tmp[0] = V.dot_float(n, x, xf, yo, kind)
-        elif kind == 0:
+        elif kind == KIND_F32:
             V.dot_cols_f32(n, x, xf, yo, ycs, nc, acc, tmp)
-        elif kind == 1:
+        elif kind == KIND_F16:
             V.dot_cols_f16(n, x, xf, yo, ycs, nc, acc, tmp)
         else:
             V.dot_cols_bf16(n, x, xf, yo, ycs, nc, acc, tmp)
@@ -392,7 +322,7 @@ def mul_mat_steps(w, wtype, x, dst, nth):
             steps.append((_round_acts, (KIND[wtype], x, xf)))
         if w.shape[3] != ne10 or w.strides[3] != w.itemsize:
             raise ValueError(f"mul_mat: weight rows must be {ne10} contiguous elements")
-        kind = (_F32, _F16, _BF16).index(int(wtype))
+        kind = KIND[wtype]
         if parallel:
             steps.append((_run_float_par, (kind, ne10, w, xf.reshape(-1), dst, RT, CT, nth)))
         else:
@@ -402,9 +332,9 @@ def mul_mat_steps(w, wtype, x, dst, nth):
     if w.dtype != np.uint8 or w.shape[3] != row_size(wtype, ne10) or w.strides[3] != 1:
         raise ValueError(f"mul_mat: {wtype.name} weights must be uint8 rows of "
                          f"{row_size(wtype, ne10)} contiguous bytes")
-    vt = VEC_DOT_TYPE[wtype]
+    vt = TYPE_TRAITS_CPU[wtype].vec_dot_type
     rs = row_size(vt, ne10)
-    bsz = _block_bytes(int(vt))
+    bsz = type_size(vt)
     yq = _scratch("yq", rs * nrows_x)
     if nrows_x > 1 and parallel:
         steps = [(_quantize_acts_par, (int(vt), x, yq, rs, bsz, nth))]
@@ -418,7 +348,7 @@ def mul_mat_steps(w, wtype, x, dst, nth):
 
 
 # the cache of every driver above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, Q.__file__, V.__file__, common.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, Q.__file__, V.__file__, D.__file__, common.__file__, __file__)
 
 
 def _mul_mat_supported(node):

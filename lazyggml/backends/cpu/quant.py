@@ -25,17 +25,19 @@ What to import from here:
   fp16: ``TABLE_F32_F16``, ``fp16_to_fp32``, ``fp32_to_fp16``, ``load_f16``, ``store_f16``
   bf16: ``bf16_to_fp32``, ``fp32_to_bf16``
   rows: ``quantize_row_<t>`` / ``dequantize_row_<t>`` for t in q4_0 q4_1 q5_0 q5_1 q8_0 q8_1
-        q2_K q3_K q4_K q5_K q6_K q8_K f16 bf16; tables ``QUANTIZE_ROW`` / ``DEQUANTIZE_ROW``
+        q2_K q3_K q4_K q5_K q6_K q8_K iq4_nl iq4_xs f16 bf16
   helpers: ``nearest_int``, ``get_scale_min_k4``
-  drivers: ``quantize_chunk`` / ``dequantize_chunk`` (type id switch, serial) and
-        ``quantize_rows_parallel`` / ``dequantize_rows_parallel`` (prange over rows)
+
+Which kernel serves which type is ``traits.TYPE_TRAITS_CPU`` (``from_float_ref``, ``to_float``);
+the type-id switches over them are generated into ``dispatch.py`` (``quantize_chunk`` /
+``dequantize_chunk``), and whole arrays go through ``convert.py`` (``quantize`` / ``dequantize``).
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ...types import KVALUES_IQ4NL, QK_K, Type, as_type, blck_size, row_size, type_name
+from ...types import KVALUES_IQ4NL, QK_K
 
 _kernel = njit(cache=True, error_model="numpy")
 # Numba compiles a separate copy of a callee for every distinct *literal* argument; the big shared
@@ -1157,213 +1159,3 @@ def dequantize_row_iq4_xs(x, y):
                 q = x[o + 8 + 16 * ib + j]
                 y[QK_K * i + 32 * ib + j] = dl * np.float32(KVALUES_IQ4NL[q & 0xF])
                 y[QK_K * i + 32 * ib + j + 16] = dl * np.float32(KVALUES_IQ4NL[q >> 4])
-
-
-# ----------------------------------------------------------------------------------------------
-# dispatch (GGML's type_traits from_float_ref / to_float) and row drivers
-# ----------------------------------------------------------------------------------------------
-
-QUANTIZE_ROW = {
-    Type.F16: quantize_row_f16, Type.BF16: quantize_row_bf16,
-    Type.Q4_0: quantize_row_q4_0, Type.Q4_1: quantize_row_q4_1,
-    Type.Q5_0: quantize_row_q5_0, Type.Q5_1: quantize_row_q5_1,
-    Type.Q8_0: quantize_row_q8_0, Type.Q8_1: quantize_row_q8_1,
-    Type.Q2_K: quantize_row_q2_K, Type.Q3_K: quantize_row_q3_K, Type.Q4_K: quantize_row_q4_K,
-    Type.Q5_K: quantize_row_q5_K, Type.Q6_K: quantize_row_q6_K, Type.Q8_K: quantize_row_q8_K,
-    Type.IQ4_NL: quantize_row_iq4_nl, Type.IQ4_XS: quantize_row_iq4_xs,
-}
-
-DEQUANTIZE_ROW = {
-    Type.F16: dequantize_row_f16, Type.BF16: dequantize_row_bf16,
-    Type.Q4_0: dequantize_row_q4_0, Type.Q4_1: dequantize_row_q4_1,
-    Type.Q5_0: dequantize_row_q5_0, Type.Q5_1: dequantize_row_q5_1,
-    Type.Q8_0: dequantize_row_q8_0, Type.Q8_1: dequantize_row_q8_1,
-    Type.Q2_K: dequantize_row_q2_K, Type.Q3_K: dequantize_row_q3_K,
-    Type.Q4_K: dequantize_row_q4_K, Type.Q5_K: dequantize_row_q5_K,
-    Type.Q6_K: dequantize_row_q6_K, Type.Q8_K: dequantize_row_q8_K,
-    Type.IQ4_NL: dequantize_row_iq4_nl, Type.IQ4_XS: dequantize_row_iq4_xs,
-}
-
-# Type ids as plain ints, frozen into the switches below as constants
-_F16, _BF16 = int(Type.F16), int(Type.BF16)
-_Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(Type.Q4_0), int(Type.Q4_1), int(Type.Q5_0), int(Type.Q5_1)
-_Q8_0, _Q8_1, _Q2_K, _Q3_K = int(Type.Q8_0), int(Type.Q8_1), int(Type.Q2_K), int(Type.Q3_K)
-_Q4_K, _Q5_K, _Q6_K, _Q8_K = int(Type.Q4_K), int(Type.Q5_K), int(Type.Q6_K), int(Type.Q8_K)
-_IQ4_NL, _IQ4_XS = int(Type.IQ4_NL), int(Type.IQ4_XS)
-
-
-# A switch on the type id rather than a function argument: numba keys a function-typed argument
-# by the object's identity, so such a driver would be recompiled in every process; this one is
-# compiled once and cached (ggml_quantize_chunk is the same switch).
-@_kernel
-def quantize_chunk(tid, x, y):
-    """Quantize contiguous rows x (float32, flattened) of type id tid into y (bytes)."""
-    if tid == _Q4_0:
-        quantize_row_q4_0(x, y)
-    elif tid == _Q4_1:
-        quantize_row_q4_1(x, y)
-    elif tid == _Q5_0:
-        quantize_row_q5_0(x, y)
-    elif tid == _Q5_1:
-        quantize_row_q5_1(x, y)
-    elif tid == _Q8_0:
-        quantize_row_q8_0(x, y)
-    elif tid == _Q8_1:
-        quantize_row_q8_1(x, y)
-    elif tid == _Q2_K:
-        quantize_row_q2_K(x, y)
-    elif tid == _Q3_K:
-        quantize_row_q3_K(x, y)
-    elif tid == _Q4_K:
-        quantize_row_q4_K(x, y)
-    elif tid == _Q5_K:
-        quantize_row_q5_K(x, y)
-    elif tid == _Q6_K:
-        quantize_row_q6_K(x, y)
-    elif tid == _Q8_K:
-        quantize_row_q8_K(x, y)
-    elif tid == _IQ4_NL:
-        quantize_row_iq4_nl(x, y)
-    elif tid == _IQ4_XS:
-        quantize_row_iq4_xs(x, y)
-    elif tid == _F16:
-        quantize_row_f16(x, y)
-    elif tid == _BF16:
-        quantize_row_bf16(x, y)
-
-
-@_kernel
-def dequantize_chunk(tid, x, y):
-    """Dequantize contiguous rows x (bytes, flattened) of type id tid into y (float32)."""
-    if tid == _Q4_0:
-        dequantize_row_q4_0(x, y)
-    elif tid == _Q4_1:
-        dequantize_row_q4_1(x, y)
-    elif tid == _Q5_0:
-        dequantize_row_q5_0(x, y)
-    elif tid == _Q5_1:
-        dequantize_row_q5_1(x, y)
-    elif tid == _Q8_0:
-        dequantize_row_q8_0(x, y)
-    elif tid == _Q8_1:
-        dequantize_row_q8_1(x, y)
-    elif tid == _Q2_K:
-        dequantize_row_q2_K(x, y)
-    elif tid == _Q3_K:
-        dequantize_row_q3_K(x, y)
-    elif tid == _Q4_K:
-        dequantize_row_q4_K(x, y)
-    elif tid == _Q5_K:
-        dequantize_row_q5_K(x, y)
-    elif tid == _Q6_K:
-        dequantize_row_q6_K(x, y)
-    elif tid == _Q8_K:
-        dequantize_row_q8_K(x, y)
-    elif tid == _IQ4_NL:
-        dequantize_row_iq4_nl(x, y)
-    elif tid == _IQ4_XS:
-        dequantize_row_iq4_xs(x, y)
-    elif tid == _F16:
-        dequantize_row_f16(x, y)
-    elif tid == _BF16:
-        dequantize_row_bf16(x, y)
-
-
-@njit(cache=True, parallel=True)
-def quantize_rows_parallel(tid, x2d, y2d):
-    """quantize_chunk with the rows of x2d (n_rows, n_per_row) spread over threads."""
-    for r in prange(x2d.shape[0]):
-        quantize_chunk(tid, x2d[r], y2d[r])
-
-
-@njit(cache=True, parallel=True)
-def dequantize_rows_parallel(tid, x2d, y2d):
-    """dequantize_chunk with the rows of x2d (n_rows, row bytes) spread over threads."""
-    for r in prange(x2d.shape[0]):
-        dequantize_chunk(tid, x2d[r], y2d[r])
-
-
-# =================================================================================================
-# Whole arrays: the drivers behind lazyggml.quants (its docstring says what they guarantee)
-# =================================================================================================
-SUPPORTED_TYPES = (Type.F32,) + tuple(QUANTIZE_ROW)
-
-# below this many elements one thread is quicker than starting the parallel loop
-_PARALLEL_MIN_ELEMENTS = 1 << 16
-
-
-def _check_type(t) -> Type:
-    t = as_type(t)
-    if t not in SUPPORTED_TYPES:
-        raise ValueError(f"quantization to/from {type_name(t)} is not supported; "
-                         f"supported: {', '.join(type_name(s) for s in SUPPORTED_TYPES)}")
-    return t
-
-
-def _check_row(t: Type, n_per_row: int, what: str) -> None:
-    bs = blck_size(t)
-    if n_per_row <= 0 or n_per_row % bs:
-        raise ValueError(f"{type_name(t)}: {what} has rows of {n_per_row} elements, which is not a "
-                         f"positive multiple of the block size {bs}")
-
-
-def quantize(t, x) -> np.ndarray:
-    """Quantize float rows to type ``t``.
-
-    ``x``: a float array of shape (n_rows, n_per_row), or 1-D (one row); leading dimensions beyond
-    two are folded into the rows. Any float dtype is accepted and converted to float32 first
-    (GGML quantizes float32). Returns uint8 of shape (n_rows, row_size(t, n_per_row)).
-    """
-    t = _check_type(t)
-    x = np.asarray(x)
-    if not np.issubdtype(x.dtype, np.floating) or x.ndim == 0:
-        raise ValueError(f"{type_name(t)}: quantize needs a float array with at least one "
-                         f"dimension, got dtype {x.dtype} and shape {x.shape}")
-    n_per_row = x.shape[-1]
-    _check_row(t, n_per_row, f"input of shape {x.shape}")
-    x2 = np.ascontiguousarray(x.reshape(-1, n_per_row), dtype=np.float32)
-    n_rows = x2.shape[0]
-    if t == Type.F32:
-        return x2.view(np.uint8).copy()
-    y = np.empty((n_rows, row_size(t, n_per_row)), dtype=np.uint8)
-    if n_rows > 1 and x2.size >= _PARALLEL_MIN_ELEMENTS:
-        quantize_rows_parallel(int(t), x2, y)
-    else:
-        quantize_chunk(int(t), x2.reshape(-1), y.reshape(-1))
-    return y
-
-
-def dequantize(t, data, n_per_row: int) -> np.ndarray:
-    """Dequantize rows of type ``t`` back to float32.
-
-    ``data``: the packed rows as bytes-like or any NumPy array (its raw bytes are used, so a
-    float16 array is fine for F16); the byte count must be a whole number of rows of
-    ``n_per_row`` elements. Returns float32 of shape (n_rows, n_per_row), bit-identical to GGML's
-    ``dequantize_row_*`` except for NaN payloads where two NaN fields meet (IEEE leaves open which
-    payload survives ``NaN + NaN``; the result is a NaN either way).
-    """
-    t = _check_type(t)
-    n_per_row = int(n_per_row)
-    _check_row(t, n_per_row, "dequantize")
-    if isinstance(data, np.ndarray):
-        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    else:
-        raw = np.frombuffer(data, dtype=np.uint8)
-    # always hand the kernels a read-only view (like GGML's const block *): numba compiles a
-    # separate copy of every kernel per writeable flag, and mmap'd GGUF data is read-only anyway
-    raw = raw.view()
-    raw.flags.writeable = False
-    rs = row_size(t, n_per_row)
-    if raw.size % rs:
-        raise ValueError(f"{type_name(t)}: {raw.size} bytes is not a whole number of rows of "
-                         f"{n_per_row} elements ({rs} bytes each)")
-    n_rows = raw.size // rs
-    if t == Type.F32:
-        return raw.view(np.float32).reshape(n_rows, n_per_row).copy()
-    y = np.empty((n_rows, n_per_row), dtype=np.float32)
-    x2 = raw.reshape(n_rows, rs)
-    if n_rows > 1 and y.size >= _PARALLEL_MIN_ELEMENTS:
-        dequantize_rows_parallel(int(t), x2, y)
-    else:
-        dequantize_chunk(int(t), raw, y.reshape(-1))
-    return y

@@ -2,7 +2,7 @@
 
 GET_ROWS: ``a`` [ne00, ne01, ne02, ne03], indices ``b`` [n, ne02, ne03] (I32 or I64) ->
 ``dst[i12, i11, i10] = a[i12, i11, b[i12, i11, i10]]`` (NumPy order). F32 and I32 rows are copied,
-F16 and BF16 rows converted to F32, quantized rows dequantized (``quant.dequantize_chunk``).
+F16 and BF16 rows converted to F32, quantized rows dequantized (``dispatch.dequantize_chunk``).
 
 SET_ROWS: ``dst`` (a view of ``a``) gets ``dst[i03, i02, c[i03 % ne12, i02 % ne11, i]] = b[i03, i02,
 i]`` for every row ``i`` of the F32 ``b``; the indices broadcast over ``b``'s dims 2 and 3. The rows
@@ -24,7 +24,7 @@ from numba import njit
 from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, is_quantized, type_size
-from . import common, quant, simd
+from . import common, convert, dispatch, quant, simd
 from .table import forward
 from .common import (FLOAT_TYPES, KIND, KIND_F32, KIND_RAW, as_bits, convert_row, from_f32, quant_ready, to_f32,
                    unravel_row)
@@ -66,7 +66,7 @@ def get_rows_q(tid, src, idx, dst):
         if i01 < 0:
             bad += 1
         else:
-            quant.dequantize_chunk(tid, src[i3, i2, i01], dst[i3, i2, i1])
+            dispatch.dequantize_chunk(tid, src[i3, i2, i01], dst[i3, i2, i1])
     return bad
 
 
@@ -117,7 +117,7 @@ def _set_rows_q(qtype, b, idx, n_rows, dst):
     """Quantize b's rows with lazyggml.quants, scatter their bytes."""
     n3, n2, n, _ = b.shape
     i3, i2, i = _batch_indices(idx, n3, n2, n_rows, "set_rows")
-    dst[i3, i2, i] = quant.quantize(qtype, b).reshape(n3, n2, n, -1)
+    dst[i3, i2, i] = convert.quantize(qtype, b).reshape(n3, n2, n, -1)
 
 
 @forward(Op.GET_ROWS, supports=_get_rows_supported)
@@ -149,4 +149,4 @@ def set_rows_forward(node, dst, srcs):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, dispatch.__file__, common.__file__, __file__)

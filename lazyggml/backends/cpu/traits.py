@@ -1,26 +1,48 @@
-"""GGML's ``type_traits_cpu``: what the CPU backend needs to know about each tensor type, in one table.
+"""GGML's ``type_traits_cpu`` (and the CPU half of ``type_traits``): what the CPU backend needs to
+know about each tensor type, in one table that the CPU code reads.
 
 For a weight type ``t``, a matmul ``W(t) · x`` runs as (``matmul.py``):
 
     y   = from_float[vec_dot_type](x)          once per matmul, row by row
     dst = vec_dot[t](n, W_row, y_col)          for every (row, column)
 
-and ``to_float`` turns a row of ``t`` back into float32 (GET_ROWS, copies, the slow paths).
+and ``to_float`` turns a row of ``t`` back into float32 (GET_ROWS, copies, ``lazyggml.dequantize``),
+``from_float_ref`` makes a row of ``t`` from float32 as ``ggml_quantize_chunk`` does (copies,
+SET_ROWS, ``lazyggml.quantize``).
 
 Fields of ``TypeTraitsCpu`` (rows are raw bytes: ``uint8`` 1-D arrays in GGML's block layout):
 
 * ``vec_dot_type``: the type activations are converted to before the dot products (Q8_K for the
   K-quants and IQ4_XS, Q8_0 for Q4_0/Q5_0/Q8_0/IQ4_NL, Q8_1 for Q4_1/Q5_1, the type itself for
   F32/F16/BF16);
-* ``from_float(x: float32[n], y: uint8[row_size])``: quantize one row to this type, as GGML's CPU
-  backend does (for Q8_0/Q8_1 that is the x86 AVX2 code, not the ``_ref`` quantizer);
+* ``from_float_ref(x: float32[n], y: uint8[row_size])``: GGML's reference quantizer
+  (``type_traits[t].from_float_ref``, what ``ggml_quantize_chunk`` runs); None for F32, whose rows
+  are copied;
+* ``from_float(x, y)``: quantize one row as GGML's CPU backend does for activations
+  (``type_traits_cpu[t].from_float``): the reference quantizer, except for Q8_0/Q8_1, where it is
+  the x86 AVX2 code (``vec_dot.quantize_row_q8_*_cpu``);
 * ``to_float(x: uint8[row_size], y: float32[n])``: dequantize one row;
 * ``vec_dot(n, x, y) -> float32``: dot product of one row of this type with one row of
   ``vec_dot_type``; the SIMD kernel where ``vec_dot.py`` has one, else the reference;
 * ``vec_dot_ref(n, x, y) -> float32``: the plain reference (GGML's ``*_generic`` order);
-* ``fast``: whether ``vec_dot`` is a SIMD kernel.
+* ``dot(n, x, y, yo) -> float32`` and ``dot_cols(n, x, y, yo, ycs, ybs, nc, acc, out)``: the
+  quantized matmul's kernels (one column, many columns; ``vec_dot.py`` says how), for the
+  quantized weight types; None for the float types, which the matmul runs by element kind
+  (``vec_dot.dot_float``, ``dot_cols_f32/f16/bf16``).
 
-All functions are ``@njit`` and can be called from Python or from other jitted code.
+Derived, not stored: ``blck_size`` and ``type_size`` (``types.py`` holds them, for every backend),
+``fast`` (whether ``vec_dot`` is a SIMD kernel).
+
+All functions are ``@njit`` and can be called from Python or from other jitted code. Jitted code
+cannot index this table by a run-time type id, so the type switches of the jitted drivers
+(``quantize_chunk``, ``dequantize_chunk``, ``from_float``, ``dot``, ``dot_cols``) are generated
+from it into ``dispatch.py`` by ``scripts/generate_cpu_dispatch.py``: after changing a row, run
+that script (``tests/test_mul_mat_cpu.py`` fails until the committed file matches). Everything
+else reads the table at import time: the matmul's weight types and ``vec_dot_type``, the types
+``quantize`` / ``dequantize`` (``convert.py``) accept.
+
+Adding a type: its kernels (``quant.py``, ``vec_dot.py``), its row here, regenerate ``dispatch.py``,
+its tests.
 """
 from __future__ import annotations
 
@@ -30,7 +52,7 @@ from typing import Callable, Optional
 import numpy as np
 from numba import njit
 
-from ...types import Type, as_type
+from ...types import Type, as_type, blck_size, type_size
 from . import quant as Q
 from . import vec_dot as V
 
@@ -48,54 +70,89 @@ def to_float_f32(x, y):
 
 @dataclass(frozen=True)
 class TypeTraitsCpu:
+    """One row of ``TYPE_TRAITS_CPU`` (the module docstring says what each field is)."""
     type: Type
     vec_dot_type: Type
+    from_float_ref: Optional[Callable]
     from_float: Optional[Callable]
     to_float: Optional[Callable]
     vec_dot: Optional[Callable]
     vec_dot_ref: Optional[Callable]
-    fast: bool
+    dot: Optional[Callable] = None
+    dot_cols: Optional[Callable] = None
+
+    @property
+    def blck_size(self) -> int:
+        """Elements per block (``types.blck_size``)."""
+        return blck_size(self.type)
+
+    @property
+    def type_size(self) -> int:
+        """Bytes per block (``types.type_size``)."""
+        return type_size(self.type)
+
+    @property
+    def fast(self) -> bool:
+        """Whether ``vec_dot`` is a SIMD kernel (not the reference)."""
+        return self.vec_dot is not None and self.vec_dot is not self.vec_dot_ref
 
 
-def _t(t, vdt, from_float, to_float, vec_dot, vec_dot_ref, fast):
-    return t, TypeTraitsCpu(t, vdt, from_float, to_float, vec_dot, vec_dot_ref, fast)
+def _float(t, from_float, to_float, vec_dot, vec_dot_ref):
+    """A float type's row: it is its own vec_dot_type, and its reference conversion is the CPU's one
+    (F32 has none: its rows are copied)."""
+    return TypeTraitsCpu(t, t, None if t == Type.F32 else from_float, from_float, to_float, vec_dot, vec_dot_ref)
 
 
-TYPE_TRAITS_CPU = dict([
-    _t(Type.F32, Type.F32, from_float_f32, to_float_f32, V.vec_dot_f32, V.vec_dot_f32_ref, True),
-    _t(Type.F16, Type.F16, Q.quantize_row_f16, Q.dequantize_row_f16, V.vec_dot_f16,
-       V.vec_dot_f16_ref, True),
-    _t(Type.BF16, Type.BF16, Q.quantize_row_bf16, Q.dequantize_row_bf16, V.vec_dot_bf16,
-       V.vec_dot_bf16_ref, True),
-    _t(Type.Q4_0, Type.Q8_0, Q.quantize_row_q4_0, Q.dequantize_row_q4_0, V.vec_dot_q4_0_q8_0,
-       V.vec_dot_q4_0_q8_0_ref, True),
-    _t(Type.Q4_1, Type.Q8_1, Q.quantize_row_q4_1, Q.dequantize_row_q4_1, V.vec_dot_q4_1_q8_1,
-       V.vec_dot_q4_1_q8_1_ref, True),
-    _t(Type.Q5_0, Type.Q8_0, Q.quantize_row_q5_0, Q.dequantize_row_q5_0, V.vec_dot_q5_0_q8_0,
-       V.vec_dot_q5_0_q8_0_ref, True),
-    _t(Type.Q5_1, Type.Q8_1, Q.quantize_row_q5_1, Q.dequantize_row_q5_1, V.vec_dot_q5_1_q8_1,
-       V.vec_dot_q5_1_q8_1_ref, True),
-    _t(Type.Q8_0, Type.Q8_0, V.quantize_row_q8_0_cpu, Q.dequantize_row_q8_0, V.vec_dot_q8_0_q8_0,
-       V.vec_dot_q8_0_q8_0_ref, True),
-    _t(Type.Q8_1, Type.Q8_1, V.quantize_row_q8_1_cpu, Q.dequantize_row_q8_1, None, None, False),
-    _t(Type.Q2_K, Type.Q8_K, Q.quantize_row_q2_K, Q.dequantize_row_q2_K, V.vec_dot_q2_K_q8_K,
-       V.vec_dot_q2_K_q8_K_ref, True),
-    _t(Type.Q3_K, Type.Q8_K, Q.quantize_row_q3_K, Q.dequantize_row_q3_K, V.vec_dot_q3_K_q8_K,
-       V.vec_dot_q3_K_q8_K_ref, True),
-    _t(Type.Q4_K, Type.Q8_K, Q.quantize_row_q4_K, Q.dequantize_row_q4_K, V.vec_dot_q4_K_q8_K,
-       V.vec_dot_q4_K_q8_K_ref, True),
-    _t(Type.Q5_K, Type.Q8_K, Q.quantize_row_q5_K, Q.dequantize_row_q5_K, V.vec_dot_q5_K_q8_K,
-       V.vec_dot_q5_K_q8_K_ref, True),
-    _t(Type.Q6_K, Type.Q8_K, Q.quantize_row_q6_K, Q.dequantize_row_q6_K, V.vec_dot_q6_K_q8_K,
-       V.vec_dot_q6_K_q8_K_ref, True),
-    _t(Type.Q8_K, Type.Q8_K, Q.quantize_row_q8_K, Q.dequantize_row_q8_K, None, None, False),
-    _t(Type.IQ4_NL, Type.Q8_0, Q.quantize_row_iq4_nl, Q.dequantize_row_iq4_nl, V.vec_dot_iq4_nl_q8_0,
-       V.vec_dot_iq4_nl_q8_0_ref, True),
-    _t(Type.IQ4_XS, Type.Q8_K, Q.quantize_row_iq4_xs, Q.dequantize_row_iq4_xs, V.vec_dot_iq4_xs_q8_K,
-       V.vec_dot_iq4_xs_q8_K_ref, True),
-])
+def _quant(t, vdt, from_float_ref, to_float, vec_dot=None, vec_dot_ref=None, dot=None, dot_cols=None,
+           from_float=None):
+    """A quantized type's row; ``from_float`` is the reference quantizer unless given."""
+    return TypeTraitsCpu(t, vdt, from_float_ref, from_float or from_float_ref, to_float, vec_dot, vec_dot_ref,
+                         dot, dot_cols)
+
+
+_ROWS = [
+    _float(Type.F32, from_float_f32, to_float_f32, V.vec_dot_f32, V.vec_dot_f32_ref),
+    _float(Type.F16, Q.quantize_row_f16, Q.dequantize_row_f16, V.vec_dot_f16, V.vec_dot_f16_ref),
+    _float(Type.BF16, Q.quantize_row_bf16, Q.dequantize_row_bf16, V.vec_dot_bf16, V.vec_dot_bf16_ref),
+    _quant(Type.Q4_0, Type.Q8_0, Q.quantize_row_q4_0, Q.dequantize_row_q4_0,
+           V.vec_dot_q4_0_q8_0, V.vec_dot_q4_0_q8_0_ref, V.dot_q4_0_q8_0, V.dot_cols_q4_0_q8_0),
+    _quant(Type.Q4_1, Type.Q8_1, Q.quantize_row_q4_1, Q.dequantize_row_q4_1,
+           V.vec_dot_q4_1_q8_1, V.vec_dot_q4_1_q8_1_ref, V.dot_q4_1_q8_1, V.dot_cols_q4_1_q8_1),
+    _quant(Type.Q5_0, Type.Q8_0, Q.quantize_row_q5_0, Q.dequantize_row_q5_0,
+           V.vec_dot_q5_0_q8_0, V.vec_dot_q5_0_q8_0_ref, V.dot_q5_0_q8_0, V.dot_cols_q5_0_q8_0),
+    _quant(Type.Q5_1, Type.Q8_1, Q.quantize_row_q5_1, Q.dequantize_row_q5_1,
+           V.vec_dot_q5_1_q8_1, V.vec_dot_q5_1_q8_1_ref, V.dot_q5_1_q8_1, V.dot_cols_q5_1_q8_1),
+    _quant(Type.Q8_0, Type.Q8_0, Q.quantize_row_q8_0, Q.dequantize_row_q8_0,
+           V.vec_dot_q8_0_q8_0, V.vec_dot_q8_0_q8_0_ref, V.dot_q8_0_q8_0, V.dot_cols_q8_0_q8_0,
+           from_float=V.quantize_row_q8_0_cpu),
+    _quant(Type.Q8_1, Type.Q8_1, Q.quantize_row_q8_1, Q.dequantize_row_q8_1,
+           from_float=V.quantize_row_q8_1_cpu),
+    _quant(Type.Q2_K, Type.Q8_K, Q.quantize_row_q2_K, Q.dequantize_row_q2_K,
+           V.vec_dot_q2_K_q8_K, V.vec_dot_q2_K_q8_K_ref, V.dot_q2_K_q8_K, V.dot_cols_q2_K_q8_K),
+    _quant(Type.Q3_K, Type.Q8_K, Q.quantize_row_q3_K, Q.dequantize_row_q3_K,
+           V.vec_dot_q3_K_q8_K, V.vec_dot_q3_K_q8_K_ref, V.dot_q3_K_q8_K, V.dot_cols_q3_K_q8_K),
+    _quant(Type.Q4_K, Type.Q8_K, Q.quantize_row_q4_K, Q.dequantize_row_q4_K,
+           V.vec_dot_q4_K_q8_K, V.vec_dot_q4_K_q8_K_ref, V.dot_q4_K_q8_K, V.dot_cols_q4_K_q8_K),
+    _quant(Type.Q5_K, Type.Q8_K, Q.quantize_row_q5_K, Q.dequantize_row_q5_K,
+           V.vec_dot_q5_K_q8_K, V.vec_dot_q5_K_q8_K_ref, V.dot_q5_K_q8_K, V.dot_cols_q5_K_q8_K),
+    _quant(Type.Q6_K, Type.Q8_K, Q.quantize_row_q6_K, Q.dequantize_row_q6_K,
+           V.vec_dot_q6_K_q8_K, V.vec_dot_q6_K_q8_K_ref, V.dot_q6_K_q8_K, V.dot_cols_q6_K_q8_K),
+    _quant(Type.Q8_K, Type.Q8_K, Q.quantize_row_q8_K, Q.dequantize_row_q8_K),
+    _quant(Type.IQ4_NL, Type.Q8_0, Q.quantize_row_iq4_nl, Q.dequantize_row_iq4_nl,
+           V.vec_dot_iq4_nl_q8_0, V.vec_dot_iq4_nl_q8_0_ref, V.dot_iq4_nl_q8_0, V.dot_cols_iq4_nl_q8_0),
+    _quant(Type.IQ4_XS, Type.Q8_K, Q.quantize_row_iq4_xs, Q.dequantize_row_iq4_xs,
+           V.vec_dot_iq4_xs_q8_K, V.vec_dot_iq4_xs_q8_K_ref, V.dot_iq4_xs_q8_K, V.dot_cols_iq4_xs_q8_K),
+]
+
+#: type -> its ``TypeTraitsCpu``, in GGML's type-id order
+TYPE_TRAITS_CPU = {tr.type: tr for tr in sorted(_ROWS, key=lambda tr: int(tr.type))}
 
 
 def get_type_traits_cpu(t) -> TypeTraitsCpu:
     """The CPU traits of type ``t`` (a Type, id or name); KeyError if the CPU has none."""
     return TYPE_TRAITS_CPU[as_type(t)]
+
+
+def types_with(field: str) -> tuple:
+    """The types whose traits have ``field`` (a kernel), in GGML's type-id order."""
+    return tuple(t for t, tr in TYPE_TRAITS_CPU.items() if getattr(tr, field) is not None)
