@@ -83,16 +83,15 @@ from numba.core.errors import NumbaPerformanceWarning
 from . import cache, op_cases
 from .backend import DeviceType
 from .backends.cpu import common as cpu_common
+from .backends.cpu import convert as cpu_convert
 from .registry import dev_count, dev_get
-from .types import Type, as_type, type_name
+from .types import as_type, type_name
 
 OPENCL_MISS_S = 0.1   # without a driver cache to look at: a first launch this slow compiled
 _OPENCL_LAUNCHED = set()   # (device, kernel, work-group size) launched in this process
 
 WEIGHT_TYPES = op_cases.WEIGHT_TYPES   # the types mul_mat, get_rows, set_rows and cpy take
-# every type with CPU kernels, as ``--types`` names them
-ALL_TYPES = (Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0,
-             Type.Q8_1, Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K)
+ALL_TYPES = cpu_convert.SUPPORTED_TYPES   # every type the CPU quantizes, F32 first
 
 
 # =================================================================================================

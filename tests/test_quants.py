@@ -37,7 +37,7 @@ SEED = int(os.environ.get("LAZYGGML_TEST_SEED", secrets.randbits(32)))
 WHERE = f"seed {SEED} (replay: LAZYGGML_TEST_SEED={SEED})"
 
 QUANT_TYPES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q8_1,
-               Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K]
+               Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K, Type.IQ4_NL, Type.IQ4_XS]
 ALL_TYPES = QUANT_TYPES + [Type.F16, Type.BF16]
 ON_X86 = platform.machine().lower() in ("x86_64", "amd64")
 
