@@ -1,0 +1,347 @@
+"""End to end against llama.cpp (llama-cpp-python, the whole-model oracle), for every weight type.
+
+What is compared
+----------------
+Three models, each requantized by llama.cpp's own quantizer (``llama_cpp.llama_model_quantize``,
+``llama_model_quantize_default_params()``, ``LLAMA_FTYPE_MOSTLY_*``) into each of the twelve mixes
+of ``MIXES``:
+
+* ``tiny576``: ``make_tiny_llama`` with n_embd 576 (9 heads, 3 KV heads, n_ff 512), written in F32.
+  Rows of 576 are not a multiple of 256, so llama.cpp's quantizer falls back for every matrix but
+  ``ffn_down`` (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL, ...),
+  and those fallbacks, as llama.cpp chooses them, are what this model is for;
+* ``tiny256``: the same with n_embd 256 (4 heads, 2 KV heads), so that the K-quants and IQ4_XS
+  themselves hold most matrices;
+* ``default``: the embedded trained model (``lazyggml/data/default.gguf``, Q4_K_M), requantized
+  (``allow_requantize``: llama.cpp dequantizes its Q4_K/Q6_K and quantizes again).
+
+``test_quantized_files_hold_the_intended_types`` reads every file back and asserts that the mix's
+type (on tiny576: its 32-block fallback, and the K-type in ``ffn_down``) holds the most matrices,
+so that no case passes vacuously.
+
+Logits: a 16-token prompt from an empty cache, lazyggml's CPU backend against llama.cpp's
+(``Llama(path, n_ctx, n_threads=2, logits_all=True, verbose=False)``, ``eval``, ``scores``), as
+NMSE = sum((ours - theirs)^2) / sum(theirs^2). Greedy: for the embedded model, 64 tokens after each
+of the three prompts of ``default.json``, llama.cpp's (argmax of its logits, as its greedy sampler)
+against lazyggml's (``Sampler(temp=0)``, one ``eval`` per token); the prompts' token ids must be
+llama.cpp's.
+
+llama.cpp runs in two configurations:
+
+* as shipped: ``Llama`` as a user runs it. On x86 this build also (a) repacks Q4_0, Q4_K, IQ4_NL
+  (AVX2) and Q2_K (AVX-512) weights into interleaved layouts with gemm/gemv kernels of their own
+  (``ggml-cpu/repack.cpp``), (b) runs prompt batches of K-quants and IQ4_XS through its tiled
+  matmul (``ggml-cpu/tiled``) and (c) batches of the other Q4_0, Q5_0, Q8_0, IQ4_NL and F16
+  matrices through llamafile's tinyBLAS (``ggml-cpu/llamafile/sgemm.cpp``);
+* reference kernels (the default model only): loaded with ``use_extra_bufts = False`` (no CPU_REPACK
+  buffer) and ``GGML_CPU_TILED_MM=0`` (no tiled matmul), so that every weight matmul gives the
+  results of GGML's ``vec_dot`` kernels, which lazyggml's reproduce bit for bit, but IQ4_NL's prompt
+  batches (tinyBLAS, which has no run-time switch; for Q4_0, Q5_0 and Q8_0 it adds in vec_dot's
+  order).
+
+Why these tolerances
+--------------------
+Replayed op by op on llama.cpp's own inputs (captured with ``cb_eval``), lazyggml's GET_ROWS of
+every type is bit-identical to llama.cpp's; so is every weight matmul with the reference kernels,
+but IQ4_NL's prompt batches (tinyBLAS). As shipped, the matmuls of the repacked types (also single
+rows: the repacked gemv) and the tiled batches differ in the last bit of ~70% of the values
+(NMSE 5e-15 to 6e-14: they add a row's block products in another order). With identical inputs,
+a few elementwise results differ in the last bit too, because this build is compiled for the host's
+AVX-512 (``vscalefps`` in its exp; 16-wide F16 dot products) while lazyggml follows GGML's AVX2 code:
+``kq``, ``soft_max``, ``swiglu``. And lazyggml pads a prompt's KV window to 32 cells where llama.cpp
+pads to 256, so ``kqv`` adds its F16 products in another order. Such a last-bit difference stays
+invisible unless it moves a value across a rounding boundary: of the F16 KV cache (one F16 step is
+~5e-4 relative) or of the 8-bit rounding (Q8_0/Q8_1/Q8_K) that every quantized matmul applies to
+its input. A crossing turns the last bit into a one-step difference, each later 8-bit rounding
+amplifies that again (NMSE_out ~ 0.05 * sqrt(NMSE_in) per rounding, measured node by node), and two
+layers of random weights end at 1e-6 to 2.3e-4 whenever a crossing happens: in some seeds and not
+others, for every mix, more often as shipped (Q4_0, the K-quants, IQ4_*: 5 to 11 runs of 22 above
+1e-5) than with the reference kernels (0 to 2 of 20, IQ4_* 7 and 8: tinyBLAS), measured with
+llama-cpp-python 0.3.36 over 11 seeds (``TINY_TOLERANCE``). The trained model is far less
+sensitive: its logits stay within 5e-6 of llama.cpp's (``DEFAULT_TOLERANCE``, the issue's 1e-5),
+and within 1e-14 with the reference kernels for every mix but IQ4_NL (8e-7, tinyBLAS).
+
+A crossing can also decide a near tie: where our two best logits lie within ``TIE_MARGIN`` of each
+other, llama.cpp may take the other one. The greedy test therefore feeds llama.cpp's tokens to
+lazyggml (so all 64 positions are compared however the continuations go) and asserts that our
+greedy choice is llama.cpp's at every position, except at such a near tie where theirs is our
+runner-up. Measured: identical continuations for every mix with the reference kernels; as shipped,
+one near tie in 36 continuations (Q4_0, margin 7e-4).
+
+llama.cpp runs in child processes (``sys.executable``; the test extra installs llama-cpp-python):
+``GGML_CPU_TILED_MM`` is read once per process, so the two configurations need two processes, and a
+child keeps llama.cpp's libggml apart from ggml-python's (loaded by other test modules). A
+module-scoped fixture makes every quantized file once and runs every llama.cpp evaluation in one
+pass per configuration.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lazyggml as lg
+from lazyggml.sampling import Sampler
+from lazyggml.testing import make_tiny_llama
+from lazyggml.types import blck_size
+
+DEFAULT_GGUF = Path(lg.__file__).resolve().parent / "data" / "default.gguf"
+DEFAULT_JSON = DEFAULT_GGUF.with_suffix(".json")
+
+#: mix -> the type it is named after (llama_cpp.LLAMA_FTYPE_MOSTLY_<MIX>)
+MIXES = {
+    "q4_0": lg.Q4_0, "q4_1": lg.Q4_1, "q5_0": lg.Q5_0, "q5_1": lg.Q5_1, "q8_0": lg.Q8_0,
+    "q2_k": lg.Q2_K, "q3_k_m": lg.Q3_K, "q4_k_m": lg.Q4_K, "q5_k_m": lg.Q5_K, "q6_k": lg.Q6_K,
+    "iq4_nl": lg.IQ4_NL, "iq4_xs": lg.IQ4_XS,
+}
+#: the random models (make_tiny_llama arguments; written in F32, llama.cpp quantizes them)
+TINY = {
+    "tiny576": dict(n_layer=2, n_embd=576, n_head=9, n_head_kv=3, n_ff=512, n_vocab=512, n_ctx=128),
+    "tiny256": dict(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512, n_ctx=128),
+}
+MODELS = list(TINY) + ["default"]
+SEED = 20240611
+THREADS = 2
+N_CTX = 128             # the context of the logits runs (the tiny models' training context)
+N_PROMPT = 16
+LOGITS_TEXT = "In the beginning God created the heaven and the earth. And the earth was without form, and void"
+N_GREEDY = 64
+N_CTX_GREEDY = 256      # the embedded model's training context: decode steps see 256-cell KV windows in both
+
+# NMSE against llama.cpp (module docstring: why). The embedded model: the issue's figure, for every
+# mix in both configurations (measured as shipped: 4.5e-6 for Q4_K_M, whose Q4_K llama.cpp repacks,
+# 3e-13 or less for the rest; with the reference kernels 7.6e-7 for IQ4_NL, 1e-14 or less for the
+# rest). The random models, as shipped: the largest NMSE per mix over 11 seeds x 2 models was
+# Q4_0 1.0e-4, Q4_1 4.3e-5, Q5_0 6.0e-5, Q5_1 4.2e-6, Q8_0 1.7e-5, Q2_K 2.3e-4, Q3_K_M 1.6e-4,
+# Q4_K_M 2.1e-4, Q5_K_M 1.9e-4, Q6_K 2.1e-4, IQ4_NL 1.3e-4, IQ4_XS 1.6e-4 (with the reference
+# kernels up to 1.6e-4 as well). Each is one cascade of rounding-boundary crossings, whose size does
+# not depend on the weight type (the type only changes how often one starts), so one tolerance for
+# every mix: 2x the largest figure. For scale: the same weights quantized into a neighbouring type
+# give 8e-4 (Q8_0 against Q6_K, tiny576) to 0.2 (Q4_0 against Q4_1); the embedded model's 1e-5 is
+# the sharp check of every mix.
+DEFAULT_TOLERANCE = 1e-5
+TINY_TOLERANCE = 5e-4
+#: greedy: a near tie that a last-bit difference may decide either way (the largest logit
+#: difference measured between lazyggml and llama.cpp on the embedded model is 0.035, as shipped;
+#: its logits have an RMS of ~4)
+TIE_MARGIN = 0.1
+
+
+def _nmse(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(((a - b) ** 2).sum() / (b ** 2).sum())
+
+
+# -- llama.cpp, in a child process ------------------------------------------------------------------
+# argv: the job file, the result file. The job: "reference" (bool), "quantize" [{src, dst, mix,
+# requantize}], "logits" [{path, n_ctx, tokens, out (.npy)}], "greedy" [{path, n_ctx, prompts, n}].
+LLAMA_CPP_CHILD = r"""
+import json, sys
+import numpy as np
+import llama_cpp
+import llama_cpp.llama_cpp as C
+
+job = json.load(open(sys.argv[1]))
+if job["reference"]:
+    # every model of this process loads without the extra (CPU_REPACK) buffer types, so its weights
+    # stay in the GGUF layout for GGML's vec_dot kernels (GGML_CPU_TILED_MM=0 is in the environment)
+    _default_params = C.llama_model_default_params
+    def _params():
+        p = _default_params()
+        p.use_extra_bufts = False
+        return p
+    C.llama_model_default_params = _params
+
+for q in job["quantize"]:
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + q["mix"].upper())
+    p.nthread = 2
+    p.allow_requantize = q["requantize"]
+    rc = llama_cpp.llama_model_quantize(q["src"].encode(), q["dst"].encode(), p)
+    if rc != 0:
+        sys.exit(f"llama_model_quantize({q}) returned {rc}")
+
+def load(path, n_ctx):
+    return llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=2, logits_all=True, verbose=False)
+
+for e in job["logits"]:
+    llm = load(e["path"], e["n_ctx"])
+    llm.eval(e["tokens"])
+    np.save(e["out"], np.array(llm.scores[:len(e["tokens"])], np.float32))
+    llm.close()
+
+greedy = {}
+for e in job["greedy"]:
+    llm = load(e["path"], e["n_ctx"])
+    res = []
+    for text in e["prompts"]:
+        ids = llm.tokenize(text.encode(), add_bos=True, special=False)
+        llm.reset()                     # a fresh KV cache: no prefix reuse from the last prompt
+        llm.eval(ids)
+        gen = []
+        while True:                     # greedy: the first of the largest logits (llama.cpp's greedy sampler)
+            gen.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            if len(gen) == e["n"]:
+                break
+            llm.eval(gen[-1:])
+        res.append({"prompt_ids": [int(i) for i in ids], "ids": gen})
+    greedy[e["path"]] = res
+    llm.close()
+
+json.dump({"version": llama_cpp.__version__, "greedy": greedy}, open(sys.argv[2], "w"))
+"""
+
+
+def run_llama_cpp(job, workdir, name):
+    """Run ``job`` (see LLAMA_CPP_CHILD) in a child interpreter; its JSON result."""
+    job_file, result_file = workdir / f"{name}.job.json", workdir / f"{name}.result.json"
+    job_file.write_text(json.dumps(job))
+    env = dict(os.environ)
+    if job["reference"]:
+        env["GGML_CPU_TILED_MM"] = "0"
+    else:
+        env.pop("GGML_CPU_TILED_MM", None)
+    r = subprocess.run([sys.executable, "-c", LLAMA_CPP_CHILD, str(job_file), str(result_file)],
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, f"the llama.cpp child ({name}) failed ({r.returncode}):\n{r.stderr[-6000:]}"
+    return json.loads(result_file.read_text())
+
+
+def prompt_tokens(model):
+    """The 16 token ids whose logits are compared: text for the trained model, random ids else."""
+    if model == "default":
+        tok = lg.Tokenizer(lg.read_gguf(DEFAULT_GGUF).metadata, DEFAULT_GGUF)
+        return tok.tokenize(LOGITS_TEXT, add_special=True)[:N_PROMPT]
+    return np.random.default_rng(SEED + 1).integers(3, TINY[model]["n_vocab"], N_PROMPT).tolist()
+
+
+def greedy_prompts():
+    return [s["prompt"] for s in json.loads(DEFAULT_JSON.read_text())["samples"]]
+
+
+def configs(model):
+    return ("shipped", "reference") if model == "default" else ("shipped",)
+
+
+def build_oracle(d):
+    """Write the tiny models into folder ``d``, quantize every model into every mix there, and run
+    llama.cpp: {"files": {(model, mix): path}, ("logits", config, model, mix): array,
+    ("greedy", config, mix): [{"prompt_ids", "ids"} per prompt], "version": str}."""
+    sources = {"default": (str(DEFAULT_GGUF), True)}
+    for model, kw in TINY.items():
+        src = d / f"{model}-f32.gguf"
+        make_tiny_llama(src, types={"*": lg.F32}, seed=SEED, **kw)
+        sources[model] = (str(src), False)
+    files = {(model, mix): str(d / f"{model}-{mix}.gguf") for model in MODELS for mix in MIXES}
+    quantize = [dict(src=sources[model][0], dst=path, mix=mix, requantize=sources[model][1])
+                for (model, mix), path in files.items()]
+    out = {"files": files}
+    for config in ("shipped", "reference"):                  # the first child quantizes
+        keys = [key for key in files if config in configs(key[0])]
+        npy = {key: str(d / f"{config}-{key[0]}-{key[1]}.npy") for key in keys}
+        job = dict(reference=config == "reference", quantize=quantize if config == "shipped" else [],
+                   logits=[dict(path=files[key], n_ctx=N_CTX, tokens=prompt_tokens(key[0]), out=npy[key])
+                           for key in keys],
+                   greedy=[dict(path=files["default", mix], n_ctx=N_CTX_GREEDY, prompts=greedy_prompts(),
+                                n=N_GREEDY) for mix in MIXES])
+        res = run_llama_cpp(job, d, config)
+        for key in keys:
+            out["logits", config, *key] = np.load(npy[key])
+        for mix in MIXES:
+            out["greedy", config, mix] = res["greedy"][files["default", mix]]
+        out["version"] = res["version"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    return build_oracle(tmp_path_factory.mktemp("llama_cpp"))
+
+
+_OURS = {}
+
+
+def lazyggml_logits(path, tokens):
+    """lazyggml's logits of ``tokens`` from an empty cache (CPU backend), computed once per file."""
+    if path not in _OURS:
+        _OURS[path] = lg.load_model(path, n_ctx=N_CTX, n_threads=THREADS).eval(tokens)
+    return _OURS[path]
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_quantized_files_hold_the_intended_types(oracle, model, mix):
+    """The mix's own type holds the most matrices (tiny256, default); on tiny576, where the mix is a
+    K-quant or IQ4_XS, a fallback type of 32-element blocks does (every row but ffn_down's has 576
+    elements) and a 256-block type is left in ffn_down (512-element rows). Norms stay F32."""
+    f = lg.read_gguf(oracle["files"][model, mix])
+    counts = {}
+    for name, info in f.tensors.items():
+        if len(info.ne) == 1 or info.ne[1] == 1:
+            assert info.type == lg.F32, name
+        else:
+            counts[info.type] = counts.get(info.type, 0) + 1
+        assert info.ne[0] % blck_size(info.type) == 0, name
+    main = max(counts, key=counts.get)
+    want = MIXES[mix]
+    if model == "tiny576" and blck_size(want) == 256:
+        assert blck_size(main) == 32, counts
+        for name, info in f.tensors.items():
+            if name.endswith(("attn_q.weight", "attn_k.weight", "ffn_up.weight")):
+                assert blck_size(info.type) == 32, (name, info.type)
+        assert blck_size(f.tensors["blk.0.ffn_down.weight"].type) == 256, counts
+    else:
+        assert main == want, counts
+
+
+LOGITS_CASES = [pytest.param(mix, model, config, id=f"{model}-{mix}-{config}")
+                for model in MODELS for mix in MIXES for config in configs(model)]
+
+
+@pytest.mark.parametrize("mix,model,config", LOGITS_CASES)
+def test_logits_match_llama_cpp(oracle, mix, model, config):
+    ours = lazyggml_logits(oracle["files"][model, mix], prompt_tokens(model))
+    theirs = oracle["logits", config, model, mix]
+    err = _nmse(ours, theirs)
+    tol = DEFAULT_TOLERANCE if model == "default" else TINY_TOLERANCE
+    print(f"\n{model} {mix} {config}: NMSE {err:.3g} (max |d| {np.abs(ours - theirs).max():.3g})")
+    assert err <= tol, (f"{model} {mix}: NMSE {err:.3g} against llama.cpp {oracle['version']} ({config}), "
+                        f"tolerance {tol:g}")
+
+
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_greedy_continuation_matches_llama_cpp(oracle, mix):
+    """The embedded model requantized into ``mix``: 64 greedy tokens after each of three prompts are
+    llama.cpp's, in both configurations. lazyggml is fed llama.cpp's tokens (once per distinct
+    continuation), and its own greedy choice must be llama.cpp's at every position but a near tie
+    (module docstring)."""
+    model = lg.load_model(oracle["files"]["default", mix], n_ctx=N_CTX_GREEDY, n_threads=THREADS)
+    for i, prompt in enumerate(greedy_prompts()):
+        ids = model.tokenize(prompt)
+        runs = {config: oracle["greedy", config, mix][i]["ids"] for config in ("reference", "shipped")}
+        for config in runs:
+            assert ids == oracle["greedy", config, mix][i]["prompt_ids"], (config, prompt, ids)
+        if runs["shipped"] == runs["reference"]:
+            del runs["shipped"]
+        for config, theirs in runs.items():
+            assert len(theirs) == N_GREEDY
+            sampler = Sampler(temp=0)
+            model.reset()
+            logits = model.eval(ids, logits_all=False)[-1]
+            for k, tok in enumerate(theirs):
+                ours = sampler.sample(logits)
+                if ours != tok:
+                    margin = float(logits[ours] - logits[tok])
+                    second = int(np.argsort(-logits, kind="stable")[1])
+                    print(f"\n{mix} {config} {prompt!r}: a near tie at token {k}: ours {ours}, llama.cpp's {tok}, "
+                          f"{margin:.3g} below ours")
+                    assert tok == second and margin < TIE_MARGIN, (
+                        f"{mix} {config}, prompt {prompt!r}: at token {k} our greedy choice is {ours}, llama.cpp's "
+                        f"{tok} (its logit {margin:.3g} below ours; our runner-up {second})")
+                if k + 1 < len(theirs):
+                    logits = model.eval([tok], logits_all=False)[-1]
