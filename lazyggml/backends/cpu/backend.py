@@ -10,8 +10,9 @@ flag (unselected branches of ``build_forward_select``) and empty tensors are ski
 A graph is first turned into a *plan*: each node's forward function (``table.py``) returns its
 kernel calls with their arguments already built (views, scratch, constants), and the plan is the
 list of them all. It is kept in the graph's ``GraphPlan`` (``backends.KernelTable.plan``: the reuse
-contract, O(1) while the graph and the placement of tensors are unchanged) and replayed while the
-thread count is the same: a decode step then
+contract, O(1) while the graph and the placement of tensors are unchanged), one per thread count
+(``threads.py`` picks it per graph: fewer threads while other programs keep CPUs busy), and
+replayed: a decode step then
 costs one Python call per kernel, and Numba's thread count is set once per graph, not per kernel
 (setting or reading it costs ~2 µs from Python). After its first run, when Numba has compiled every
 kernel for these arguments, the plan calls the compiled code directly (``_compiled``).
@@ -27,6 +28,7 @@ from ...backend import Backend, Device, DeviceType, Registry, host_view
 from ...buffer import BufferType, HostBuffer, Status
 from ...ops import EMPTY_OPS
 from .table import FORWARD
+from .threads import ThreadGovernor
 
 FORWARD.load()   # the kernels register themselves; the CPU backend is always there
 
@@ -73,11 +75,13 @@ class CPUDevice(Device):
 class CPUBackend(Backend):
     def __init__(self, device, n_threads=None):
         super().__init__(device)
-        self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS
+        self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS   # at most; see threads.py
+        self.governor = ThreadGovernor()
 
     def graph_compute(self, g):
-        numba.set_num_threads(self.n_threads)   # before planning: forwards read it
-        plan = self._plan(g)
+        n = self.governor.threads(self.n_threads)
+        numba.set_num_threads(n)   # before planning: forwards read it
+        plan = self._plan(g, n)
         for kernel, args in plan.steps:
             kernel(*args)
         if not plan.direct:
@@ -85,27 +89,27 @@ class CPUBackend(Backend):
             plan.direct = True
         return Status.SUCCESS
 
-    def _plan(self, g):
-        """The bound kernel calls of ``g``, kept in its ``GraphPlan`` (the reuse contract) for this
-        backend and thread count."""
+    def _plan(self, g, n_threads):
+        """The bound kernel calls of ``g`` for ``n_threads`` threads, kept in its ``GraphPlan`` (the
+        reuse contract), one per thread count that ran it."""
         gp = FORWARD.plan(g)
-        plan = gp.state.get(self)
-        if plan is None or plan.n_threads != self.n_threads:
+        plans = gp.state.setdefault(self, {})
+        plan = plans.get(n_threads)
+        if plan is None:
             steps = []
             for fn, node in gp.nodes:
                 steps += fn(node, host_view(node), [None if s is None else host_view(s) for s in node.src])
-            plan = gp.state[self] = _Plan(steps, self.n_threads)
+            plan = plans[n_threads] = _Plan(steps)
         return plan
 
 
 class _Plan:
-    """A graph's kernel calls, the thread count they were made for, and whether they already call
-    compiled code directly."""
+    """A graph's kernel calls and whether they already call compiled code directly."""
 
-    __slots__ = ("steps", "n_threads", "direct")
+    __slots__ = ("steps", "direct")
 
-    def __init__(self, steps, n_threads):
-        self.steps, self.n_threads, self.direct = steps, n_threads, False
+    def __init__(self, steps):
+        self.steps, self.direct = steps, False
 
 
 def _compiled(kernel, args):

@@ -1,0 +1,65 @@
+"""How many threads a graph runs on: the backend's count, fewer while other programs keep CPUs busy.
+
+A parallel kernel is an OpenMP fork-join region (Numba's default threading layer): it ends only
+when every worker has arrived. When another program keeps a CPU busy, the OS shares that CPU
+between it and one of our workers, and every region then waits for that worker's next turn while
+the others spin: measured on the 2-core dev machine with one busy process beside it, the 125M
+model decoded at 35-40 tok/s on 2 threads against 74 on one (140 idle on 2), and llama.cpp, whose
+threads spin the same way, collapses too. So each graph runs on ``min(n_threads, CPUs not busy
+with other programs)``, decided just before it starts:
+
+* **how busy**: the kernel's count of runnable tasks, system-wide (``/proc/loadavg``'s fourth
+  field, read with one ``pread``: under a microsecond), minus our own threads, which the count
+  includes (the threads of our last graph, assumed still running: OpenMP's workers spin for a
+  while after a region, so this errs towards using every thread);
+* **steadily**: the upper median of the last ``WINDOW`` readings, so that a process that runs for
+  an instant moves nothing, and a program that keeps running takes a CPU within a few steps (a
+  decode step is a graph) and gives it back as quickly when it stops.
+
+Other mechanisms were measured and lost (125M decode, 2 threads, idle / one busy process):
+OpenMP's ``OMP_WAIT_POLICY=passive`` 62 / 73 tok/s (its sleeping workers are slow to wake for
+every region); ``GOMP_SPINCOUNT`` 10^4 or 10^5 no help under load (22 and 6); Intel TBB as Numba's
+layer, whose work stealing does not wait for a descheduled worker, 117 / 91, but its workers sleep
+between regions and waking them costs 6-12 µs a region against OpenMP's 2: the embedded model
+decoded at 1,171 tok/s against 1,688 under OpenMP. Where ``/proc/loadavg`` does not exist the
+backend's count is used as given.
+"""
+from __future__ import annotations
+
+import os
+
+WINDOW = 8   # readings the decision looks at
+
+
+class ThreadGovernor:
+    """Picks each graph's thread count (``threads``) from the machine's runnable tasks."""
+
+    def __init__(self):
+        self.n_cpus = os.cpu_count() or 1
+        self.ours = 1                  # threads the last graph ran on
+        self.busy = []                 # other programs' runnable tasks, last WINDOW readings
+        try:
+            self.fd = os.open("/proc/loadavg", os.O_RDONLY)
+        except OSError:
+            self.fd = None
+
+    def runnable(self):
+        """Runnable tasks on the whole machine, ours included (None where the OS does not say)."""
+        if self.fd is None:
+            return None
+        return int(os.pread(self.fd, 128, 0).split()[3].split(b"/")[0])
+
+    def threads(self, n_max):
+        """The thread count for the next graph: at most ``n_max``, at least 1."""
+        r = self.runnable()
+        if r is None:
+            return n_max
+        self.busy.append(max(0, r - self.ours))
+        del self.busy[:-WINDOW]
+        others = sorted(self.busy)[len(self.busy) // 2]
+        self.ours = max(1, min(n_max, self.n_cpus - others))
+        return self.ours
+
+    def __del__(self):
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
