@@ -321,7 +321,7 @@ def build_parser():
         sp.add_argument("--no-mmap", action="store_true",
                         help="copy the CPU's weights into memory of their own instead of using the mapped file in place")
         sp.add_argument("-t", "--threads", type=_number(int, 1), default=None,
-                        help="CPU threads (default and maximum: the CPUs this process may use)")
+                        help="CPU threads (default and maximum: the CPUs this process may use; fewer while other programs keep CPUs busy)")
         sp.add_argument("--temp", type=_number(float, 0.0), default=0.8,
                         help="sampling temperature; 0 picks the most likely token (default 0.8)")
         sp.add_argument("--top-k", type=_number(int, 0), default=40,
