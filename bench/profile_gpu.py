@@ -18,6 +18,10 @@ prompt of ``--n-prompt`` tokens:
   each node is charged the time between its event and the previous one (its kernels plus the
   graph's launch gap before them). The events themselves cost a little; the total is printed
   beside the replay without them.
+* **Host time of a prompt**: the whole prompt again from an empty cache (every micro-batch a graph
+  not seen in that shape since the warm-up, so built, split and launched eagerly): wall time and
+  host time (wall minus the time blocked on the GPU) per micro-batch, and a cProfile of it by own
+  time, kernel launches counted.
 * **Host time per decode token** with CUDA graphs on: wall time minus the time blocked on the GPU
   (``bench_gpu_e2e.WaitClock``), and a cProfile of the decode steps (top functions by own time).
 """
@@ -193,6 +197,39 @@ def replay_gpu_ms(model, rng, n):
     return float(np.median([cuda.event_elapsed_time(a, b) for a, b in spans]))
 
 
+def _top(prof, n):
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(n)
+    print("\n".join(s.getvalue().splitlines()[4:]))
+
+
+def prefill_host(model, ids, args):
+    from numba.cuda.dispatcher import _Kernel
+    launches = [0]
+    orig = _Kernel.launch
+
+    def counted(self, *a, **k):
+        launches[0] += 1
+        return orig(self, *a, **k)
+
+    model.reset()
+    clock = WaitClock()
+    _Kernel.launch = counted
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    model.eval(ids, logits_all=False)
+    prof.disable()
+    wall = time.perf_counter() - t0
+    _Kernel.launch = orig
+    clock.close()
+    nmb = -(-len(ids) // args.n_batch)
+    print(f"\nprefill of {len(ids)} under cProfile: wall {wall / nmb * 1e3:.1f} ms per micro-batch, host "
+          f"{(wall - clock.seconds) / nmb * 1e3:.1f} ms, {launches[0] / nmb:.0f} kernel launches per micro-batch; "
+          f"by own time:")
+    _top(prof, args.top)
+
+
 def profile(name, args):
     path = model_path(name, args.model_dir, args.n_ctx)
     model = lg.load_model(path, n_gpu_layers=10**6, device="CUDA0", n_ctx=args.n_ctx, n_batch=args.n_batch)
@@ -214,6 +251,7 @@ def profile(name, args):
     model.eval([ids[1]], logits_all=False)
     timer.report(f"decode step, eager (KV {model.n_past})")
 
+    prefill_host(model, ids, args)
     print(f"\ndecode step replayed: GPU {replay_gpu_ms(model, rng, 16):.3f} ms per token")
     ReplayNodeTimer(model.backends[0]).report(model, rng, f"decode step replayed, per node (KV {model.n_past})")
     clock = WaitClock()
@@ -232,9 +270,7 @@ def profile(name, args):
     n = args.n_gen // 2
     print(f"decode wall {(t1 - t0) / n * 1e3:.3f} ms per token, host {((t1 - t0) - w1) / n * 1e3:.3f} ms "
           f"(not profiled); cProfile of {n} more steps, by own time:")
-    s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(args.top)
-    print("\n".join(s.getvalue().splitlines()[4:]))
+    _top(prof, args.top)
 
 
 def main():
