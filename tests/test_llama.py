@@ -274,6 +274,32 @@ def test_decode_graphs_are_kept_per_kv_window(tmp_path, monkeypatch):
         assert np.array_equal(decode_at(depth), fresh.eval([toks[depth]]))
 
 
+def test_prompt_graphs_are_kept_per_shape(tmp_path, monkeypatch):
+    """A prompt's micro-batches (64 tokens, KV windows of 32 cells) come back in the same shapes
+    after a reset: their graphs are kept (PROMPT_GRAPHS at most, least recently used given up) and
+    nothing is rebuilt; the logits are the first run's."""
+    from lazyggml.models import llama
+    path = str(tmp_path / "m.gguf")
+    make_tiny_llama(path, n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=300, n_ctx=512,
+                    seed=SEED)
+    toks = _tokens(400, 300, SEED)
+    model = lg.load_model(path)
+    built = []
+    real = model._build
+    monkeypatch.setattr(model, "_build", lambda *key: built.append(key) or real(*key))
+    first = model.eval(toks[:200], logits_all=False)            # micro-batches of 64, 64, 64, 8
+    # (new schedulers reserve with (64, n_ctx, False))
+    assert [k for k in built if k[0] > 1 and k[1] != 512] == [(64, 64, False), (64, 128, False), (64, 192, False),
+                                              (8, 224, False)]
+    built.clear()
+    model.reset()
+    assert np.array_equal(model.eval(toks[:200], logits_all=False), first)
+    assert not built
+    model.reset()
+    model.eval(toks[:320], logits_all=False)                    # (64, 256), (64, 320): two new shapes
+    assert len(model._prompt) == llama.PROMPT_GRAPHS and (64, 64, False) not in model._prompt
+
+
 def test_prefill_longer_than_a_micro_batch(tmp_path):
     path = str(tmp_path / "m.gguf")
     make_tiny_llama(path, n_layer=1, n_embd=256, n_head=4, n_head_kv=4, n_ff=512, n_vocab=300,

@@ -77,6 +77,7 @@ KV_PAD_BATCH = 32
 N_BATCH = 64       # prefill micro-batch (tokens per graph) on the CPU
 N_BATCH_GPU = 512  # ... and when the output layer, hence every layer, is on a GPU (llama.cpp's n_ubatch)
 DECODE_GRAPHS = 4  # decode graphs kept (each with a scheduler and its small compute buffers)
+PROMPT_GRAPHS = 4  # prompt micro-batch graphs kept (each with a scheduler and micro-batch-sized buffers)
 
 
 def offload_devices(device=None):
@@ -259,21 +260,23 @@ class LlamaModel:
             b.device.event_new() is not None for b in self.backends[:-1])
         self.sched = Scheduler(self.backends, graph_size=32 * hp.n_layer + 64, parallel=parallel)
         self.n_past = 0
-        self._prompt = None           # (key, graph, inputs, logits) of the prompt scheduler's last graph
-        # Single-token steps get schedulers (and small compute buffers) of their own, one per KV
-        # window recently used, least recently used first: a decode graph survives a prompt and a
-        # reset in between. Rebuilding one (build, split, allocate, first run, CUDA graph capture)
-        # costs 50-150 ms for 1B-8B models on a GPU, which a new conversation after a long one, or a
-        # benchmark alternating depths, would otherwise pay each time.
-        self._decode = OrderedDict()  # key -> (scheduler, graph, inputs, logits)
-        self._decode_free = [Scheduler(self.backends, graph_size=self.sched.graph_size)]
+        # Graphs are kept per shape class (tokens, KV window, logits wanted), each with a scheduler
+        # and compute buffers of its own, least recently used first: prompt micro-batches in
+        # ``_prompt`` (PROMPT_GRAPHS of them: a prompt's micro-batches come back in the same shapes
+        # when a conversation starts over), single-token steps in ``_decode`` (DECODE_GRAPHS: a
+        # decode graph survives a prompt and a reset in between). Rebuilding one (build, split,
+        # allocate, plan, and on a GPU the first eager run and the CUDA graph capture) costs ~5 ms
+        # for the 3.7M model on the CPU and 50-150 ms for 1B-8B models on a GPU.
+        self._prompt, self._decode = OrderedDict(), OrderedDict()   # key -> (scheduler, graph, inputs, logits)
+        self._free = {False: [self.sched], True: [Scheduler(self.backends, graph_size=self.sched.graph_size)]}
+        self._parallel = parallel
         # size the compute buffers once for the largest micro-batch over the whole context, as
         # llama.cpp does, so that later graphs fit without reallocating (which would synchronize)
         on_gpu = self.layer_backends[-1] is not cpu
         self.n_batch = min(n_batch or (N_BATCH_GPU if on_gpu else N_BATCH), self.n_ctx)
         if self.n_batch < 1:
             raise ValueError(f"n_batch must be positive, got {n_batch}")
-        for sched, n_tokens in ((self.sched, self.n_batch), (self._decode_free[0], 1)):
+        for sched, n_tokens in ((self.sched, self.n_batch), (self._free[True][0], 1)):
             self._reserve(sched, n_tokens)
         self.load_time = time.perf_counter() - t0
 
@@ -404,24 +407,23 @@ class LlamaModel:
         return sched, g, inputs, logits
 
     def _graph_for(self, n_tokens, n_kv, logits_all):
-        """The scheduler and graph for this shape: the prompt scheduler's graph, rebuilt when the
-        shape differs from its last one; or a decode graph, kept per KV window (``_decode``)."""
+        """The scheduler and graph for this shape class, kept in ``_prompt`` or ``_decode``: built
+        the first time, then the least recently used one of the kind gives up its scheduler."""
         key = (n_tokens, n_kv, logits_all)
-        if n_tokens != 1:
-            if self._prompt is None or self._prompt[0] != key:
-                self._prompt = (key,) + self._alloc(self.sched, key)[1:]
-            return (self.sched,) + self._prompt[1:]
-        hit = self._decode.get(key)
+        decode = n_tokens == 1
+        cache, limit = (self._decode, DECODE_GRAPHS) if decode else (self._prompt, PROMPT_GRAPHS)
+        hit = cache.get(key)
         if hit is None:
-            if self._decode_free:
-                sched = self._decode_free.pop()
-            elif len(self._decode) < DECODE_GRAPHS:
-                sched = Scheduler(self.backends, graph_size=self.sched.graph_size)
-                self._reserve(sched, 1)
-            else:                  # the least recently used window gives up its scheduler
-                sched = self._decode.popitem(last=False)[1][0]
-            hit = self._decode[key] = self._alloc(sched, key)
-        self._decode.move_to_end(key)
+            if self._free[decode]:
+                sched = self._free[decode].pop()
+            elif len(cache) < limit:
+                sched = Scheduler(self.backends, graph_size=self.sched.graph_size,
+                                  parallel=self._parallel and not decode)
+                self._reserve(sched, 1 if decode else self.n_batch)
+            else:
+                sched = cache.popitem(last=False)[1][0]
+            hit = cache[key] = self._alloc(sched, key)
+        cache.move_to_end(key)
         return hit
 
     # -- running -------------------------------------------------------------------------------------
