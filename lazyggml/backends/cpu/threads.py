@@ -12,9 +12,11 @@ with other programs)``, decided just before it starts:
   field, read with one ``pread``: under a microsecond), minus our own threads, which the count
   includes (the threads of our last graph, assumed still running: OpenMP's workers spin for a
   while after a region, so this errs towards using every thread);
-* **steadily**: the upper median of the last ``WINDOW`` readings, so that a process that runs for
-  an instant moves nothing, and a program that keeps running takes a CPU within a few steps (a
-  decode step is a graph) and gives it back as quickly when it stops.
+* **steadily**: the lower median of the last ``WINDOW`` readings (a majority must see a CPU taken;
+  all threads until there are that many), so that a process that runs for an instant moves nothing
+  (on an idle machine about one reading in ten counts one task too many), and a program that keeps
+  running takes a CPU within a few steps (a decode step is a graph) and gives it back as quickly
+  when it stops.
 
 Other mechanisms were measured and lost (125M decode, 2 threads, idle / one busy process):
 OpenMP's ``OMP_WAIT_POLICY=passive`` 62 / 73 tok/s (its sleeping workers are slow to wake for
@@ -36,7 +38,7 @@ class ThreadGovernor:
 
     def __init__(self):
         self.n_cpus = os.cpu_count() or 1
-        self.ours = 1                  # threads the last graph ran on
+        self.ours = None               # threads the last graph ran on (none yet: assume all)
         self.busy = []                 # other programs' runnable tasks, last WINDOW readings
         try:
             self.fd = os.open("/proc/loadavg", os.O_RDONLY)
@@ -54,9 +56,12 @@ class ThreadGovernor:
         r = self.runnable()
         if r is None:
             return n_max
-        self.busy.append(max(0, r - self.ours))
+        self.busy.append(max(0, r - (n_max if self.ours is None else self.ours)))
         del self.busy[:-WINDOW]
-        others = sorted(self.busy)[len(self.busy) // 2]
+        if len(self.busy) < WINDOW:     # too few readings to tell a busy CPU from an instant
+            self.ours = n_max
+            return n_max
+        others = sorted(self.busy)[(WINDOW - 1) // 2]   # a majority of the readings must agree
         self.ours = max(1, min(n_max, self.n_cpus - others))
         return self.ours
 
