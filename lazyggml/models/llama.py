@@ -21,8 +21,9 @@ default (``-fa on`` takes its FLASH_ATTN_EXT kernel, now as fast or faster): the
 llama.cpp's default, without flash attention, to the last bits, while the fused kernel keeps the
 softmax weights in float32 where the KQV product rounds them to F16 (1e-5 to 4e-5 NMSE on the
 embedded model's logits). Without it, the V cache is stored transposed, as llama.cpp's without
-flash attention (``v_trans``): row j holds element j of every cell, so ``v_cache^T @ kq`` reads the window's rows in place instead of transposing the whole window at
-every step; a token's values are written as single elements.
+flash attention (``v_trans``): row j holds element j of every cell, so ``v_cache^T @ kq`` reads
+the window's rows in place instead of transposing the whole window at every step; a token's
+values are written as single elements.
 
 Weights are loaded once into ``WEIGHTS`` buffers of the device that should compute with them:
 the CPU's are used in place from the mapped file (``mmap``, llama.cpp's ``use_mmap``), a device's
