@@ -138,16 +138,16 @@ def test_plan_survives_other_graphs_allocations(cpu):
     alloc_ctx_tensors_from_buft(ctx, cpu_buffer_type())
     tensor_set(a, np.arange(16, dtype=np.float32))
     cpu.graph_compute(g)
-    plan = cpu._plan(g)
+    plan = cpu._plan(g, cpu.n_threads)
     other = lg.Context(no_alloc=True)
     other.new_tensor_1d(F32, 8)
     alloc_ctx_tensors_from_buft(other, cpu_buffer_type())      # moves the epoch, not our tensors
     cpu.graph_compute(g)
-    assert cpu._plan(g) is plan
+    assert cpu._plan(g, cpu.n_threads) is plan
     a.buffer, a.offset = out.buffer, out.offset                 # a now lives where out does
     tensor_set(a, np.ones(16, np.float32))
     cpu.graph_compute(g)
-    assert cpu._plan(g) is not plan and np.array_equal(tensor_get(out).ravel(), np.full(16, 3.0))
+    assert cpu._plan(g, cpu.n_threads) is not plan and np.array_equal(tensor_get(out).ravel(), np.full(16, 3.0))
 
 
 def test_float16_rounding_matches_numpy(cpu):

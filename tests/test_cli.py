@@ -10,7 +10,8 @@ from lazyggml.cli import main
 def test_demo_prints_first_token_and_decode_speed(capsys):
     assert main(["demo", "-n", "8", "--seed", "1"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^first token: \d+\.\d\d s$", out, re.M)
+    # on a cold kernel cache the line says how much of that time went to compiling
+    assert re.search(r"^first token: \d+\.\d\d s( \(\d+\.\d\d s of it compiling \d+ kernels\))?$", out, re.M)
     assert re.search(r"^decode: \d+\.\d tokens/s", out, re.M)
     assert out.startswith("loaded ")
 
