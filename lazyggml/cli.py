@@ -200,10 +200,12 @@ def _run(args, path, watch, notice):
               file=sys.stderr)
     stats = {}
     compiled = [watch.seconds]     # compile seconds before the prompt, after it, at the end
+    first = (watch.seconds, watch.count)   # compiling until the first token
     for i, piece in enumerate(model.generate(args.prompt, args.n_predict, temp=args.temp, top_k=args.top_k,
                                              top_p=args.top_p, seed=args.seed, stats=stats)):
         if i == 0:
             compiled.append(watch.seconds)
+            first = (watch.seconds, watch.count)
             notice.close()
             sys.stdout.write(args.prompt)
         sys.stdout.write(piece)
@@ -215,7 +217,7 @@ def _run(args, path, watch, notice):
     print()
     if "first_token_time" in stats:
         print(f"first token: {stats['first_token_time'] - _T0:.2f} s"
-              + (f" ({watch.seconds:.2f} s of it compiling {watch.count} kernels)" if watch.count else ""))
+              + (f" ({first[0]:.2f} s of it compiling {first[1]} kernels)" if first[1] else ""))
     prefill_s, prefill_c = _excluding(stats["prefill_s"], compiled[1] - compiled[0])
     decode_s, decode_c = _excluding(stats["decode_s"], compiled[2] - compiled[1])
     print(f"prefill: {stats['n_prompt']} tokens in {prefill_s:.2f} s "
