@@ -1146,6 +1146,21 @@ def _q3_hi(hb, k):
 
 
 @njit(inline="always")
+def _k23_half_cols(c0, c1, c2, c3, hb, q3, y, yo, scales, s0):
+    """One 128-quant half of a Q2_K/Q3_K block, its four 2-bit planes ``c0..c3`` (and for Q3_K the
+    hmask bits ``hb``) unpacked once, against one column's 128 activations at ``yo``; the scales
+    of sub-block pairs ``s0 ..``."""
+    h0 = _q3_hi(hb, 0) if q3 else None
+    h1 = _q3_hi(hb, 1) if q3 else None
+    h2 = _q3_hi(hb, 2) if q3 else None
+    h3 = _q3_hi(hb, 3) if q3 else None
+    return vadd(vadd(_k2_pair(c0, h0, load_i8x32(y, yo), scales, s0),
+                     _k2_pair(c1, h1, load_i8x32(y, yo + 32), scales, s0 + 2)),
+                vadd(_k2_pair(c2, h2, load_i8x32(y, yo + 64), scales, s0 + 4),
+                     _k2_pair(c3, h3, load_i8x32(y, yo + 96), scales, s0 + 6)))
+
+
+@njit(inline="always")
 def _k23_cols(n, x, y, yo, ycs, ybs, nc, acc, out, q3):
     """dot_cols for Q2_K (``q3`` False) and Q3_K: each super-block's eight 2-bit planes and its
     scales unpacked once, then used for every column, whose float lanes wait in ``acc``; per
@@ -1187,22 +1202,8 @@ def _k23_cols(n, x, y, yo, ycs, ybs, nc, acc, out, q3):
             if not q3:
                 prod = madd(mins, load_i16x16(y, yb + 4 + QK_K))
                 a = fma(splat_f32x8(-yd * xdmin), to_f32(prod), a)
-            h0 = _q3_hi(hb0, 0) if q3 else None
-            h1 = _q3_hi(hb0, 1) if q3 else None
-            h2 = _q3_hi(hb0, 2) if q3 else None
-            h3 = _q3_hi(hb0, 3) if q3 else None
-            s0 = vadd(vadd(_k2_pair(c0, h0, load_i8x32(y, yb + 4), scales, 0),
-                           _k2_pair(c1, h1, load_i8x32(y, yb + 36), scales, 2)),
-                      vadd(_k2_pair(c2, h2, load_i8x32(y, yb + 68), scales, 4),
-                           _k2_pair(c3, h3, load_i8x32(y, yb + 100), scales, 6)))
-            h0 = _q3_hi(hb1, 0) if q3 else None
-            h1 = _q3_hi(hb1, 1) if q3 else None
-            h2 = _q3_hi(hb1, 2) if q3 else None
-            h3 = _q3_hi(hb1, 3) if q3 else None
-            s1 = vadd(vadd(_k2_pair(c4, h0, load_i8x32(y, yb + 132), scales, 8),
-                           _k2_pair(c5, h1, load_i8x32(y, yb + 164), scales, 10)),
-                      vadd(_k2_pair(c6, h2, load_i8x32(y, yb + 196), scales, 12),
-                           _k2_pair(c7, h3, load_i8x32(y, yb + 228), scales, 14)))
+            s0 = _k23_half_cols(c0, c1, c2, c3, hb0, q3, y, yb + 4, scales, 0)
+            s1 = _k23_half_cols(c4, c5, c6, c7, hb1, q3, y, yb + 132, scales, 8)
             a = fma(splat_f32x8(yd * xd), to_f32(vadd(s0, s1)), a)
             store_f32x8(acc, 4 * ACC_PER_COL * c, a)
     for c in range(nc):
