@@ -363,6 +363,8 @@ def main():
                     help="also cProfile N lazyggml decode steps on the last model")
     ap.add_argument("--write", metavar="FILE", help="also write the results as Markdown")
     args = ap.parse_args()
+    if args.load < 0:
+        sys.exit(f"--load {args.load}: the number of busy processes cannot be negative")
 
     load0 = os.getloadavg()[0]
     llama_python = find_llama_python(args.llama_python)

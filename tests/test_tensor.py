@@ -185,3 +185,21 @@ def test_the_buffer_interface_names_what_a_subclass_must_provide():
     with pytest.raises(NotImplementedError, match="Forgetful.get_tensor"):
         lg.tensor_get(t)
     assert not buf.cpy_tensor(t, t) and isinstance(buft.alloc_buffer(8), HostBuffer)
+
+
+def test_a_buffer_over_existing_host_memory_uses_it_in_place():
+    """GGML's ``buffer_from_host_ptr``: the CPU device wraps memory that exists (a mapped file), so
+    a tensor placed in it reads and writes that memory; memory of the wrong kind is refused."""
+    from lazyggml.backends.cpu import cpu_device
+    from lazyggml.buffer import HostBuffer, tensor_alloc
+    mem = np.arange(64, dtype=np.uint8)
+    buf = cpu_device().buffer_from_host_ptr(mem)
+    t = lg.Context().new_tensor_1d(lg.F32, 4)
+    tensor_alloc(buf, t, 16)
+    assert np.array_equal(lg.tensor_get(t).ravel(), mem[16:32].view(np.float32))
+    lg.tensor_set(t, np.full(4, 2.0, np.float32))
+    assert np.array_equal(mem[16:32].view(np.float32), np.full(4, 2.0, np.float32))
+    assert lg.Device("dev").buffer_from_host_ptr(mem) is None      # a device that cannot: None
+    for bad in (mem.astype(np.int16), mem.reshape(8, 8)):
+        with pytest.raises(ValueError, match="uint8 array of at least"):
+            HostBuffer(buf.buft, 64, bad)
