@@ -185,7 +185,7 @@ def not_allocated(what, t):
     return AllocationError(f"{what}: tensor {t.label} is not allocated; {NOT_ALLOCATED_HINT}")
 
 
-def _as_bytes(name, t, data, offset, size):
+def _as_bytes(name, t, data, offset, size, nbytes):
     """``data`` as raw bytes for ``t``: its dtype must be ``t``'s element dtype, or ``uint8`` (raw
     bytes; the only form for quantized tensors); ``size`` bytes, by default the rest of the
     tensor from ``offset``, so that a short array is an error rather than a partial write."""
@@ -197,20 +197,20 @@ def _as_bytes(name, t, data, offset, size):
                               f"got {data.dtype.name}" + (f" (convert with .astype(np.{np.dtype(want).name}))"
                                                           if want is not None else ""))
     raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    size = t.nbytes() - offset if size is None else size
+    size = nbytes - offset if size is None else size
     if raw.size != size:
         raise ShapeError(f"{name}: tensor {t.label} {type_name(t.type)}{list(t.ne)} needs {size} bytes from "
                          f"offset {offset}; got {raw.size} ({data.dtype.name}{list(data.shape)})")
     return raw
 
 
-def _check_range(name, t, offset, size):
+def _check_range(name, t, offset, size, nbytes):
     buf = t.data_buffer()
     if buf is None or t.offset is None:
         raise not_allocated(name, t)
-    if offset < 0 or offset + size > t.nbytes():
+    if offset < 0 or offset + size > nbytes:
         raise ShapeError(f"{name}: {size} bytes at offset {offset} do not fit tensor {t.label} "
-                         f"({t.nbytes()} bytes)")
+                         f"({nbytes} bytes)")
     return buf
 
 
@@ -222,16 +222,18 @@ def tensor_set(t, data, offset=0, size=None):
     ``uint16`` bit patterns, I32: ``int32``, ...) or raw ``uint8`` bytes (quantized tensors take only
     these). It must
     fill ``size`` bytes, by default all of the tensor from ``offset``; pass ``size`` to write a part."""
-    buf = _check_range("tensor_set", t, offset, size or 0)   # size None: _as_bytes makes the rest fit
-    raw = _as_bytes("tensor_set", t, data, offset, size)
+    n = t.nbytes()
+    buf = _check_range("tensor_set", t, offset, size or 0, n)   # size None: _as_bytes makes the rest fit
+    raw = _as_bytes("tensor_set", t, data, offset, size, n)
     if raw.size:
         buf.set_tensor(t, raw, offset, raw.size)
 
 
 def tensor_get_bytes(t, offset=0, size=None):
     """The raw bytes of ``t`` (GGML's ``ggml_backend_tensor_get``)."""
-    size = t.nbytes() - offset if size is None else size
-    buf = _check_range("tensor_get", t, offset, size)
+    n = t.nbytes()
+    size = n - offset if size is None else size
+    buf = _check_range("tensor_get", t, offset, size, n)
     return buf.get_tensor(t, offset, size) if size else np.zeros(0, np.uint8)
 
 
@@ -273,8 +275,9 @@ def host_view(t):
 
 def tensor_memset(t, value, offset=0, size=None):
     """Set ``size`` bytes of ``t`` from byte ``offset`` on (by default all of it) to the byte ``value``."""
-    size = t.nbytes() - offset if size is None else size
-    buf = _check_range("tensor_memset", t, offset, size)
+    n = t.nbytes()
+    size = n - offset if size is None else size
+    buf = _check_range("tensor_memset", t, offset, size, n)
     if size:
         buf.memset_tensor(t, value, offset, size)
 
@@ -282,8 +285,9 @@ def tensor_memset(t, value, offset=0, size=None):
 def tensor_set_async(backend, t, data, offset=0, size=None):
     """``tensor_set`` queued on ``backend`` (GGML's ``ggml_backend_tensor_set_async``): the same
     checks, and the copy may still run after the call returns."""
-    buf = _check_range("tensor_set_async", t, offset, size or 0)
-    raw = _as_bytes("tensor_set_async", t, data, offset, size)
+    n = t.nbytes()
+    buf = _check_range("tensor_set_async", t, offset, size or 0, n)
+    raw = _as_bytes("tensor_set_async", t, data, offset, size, n)
     if backend.set_tensor_async is None:
         backend.synchronize()
         buf.set_tensor(t, raw, offset, raw.size)

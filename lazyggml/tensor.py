@@ -135,18 +135,13 @@ class Tensor:
     def nbytes(self) -> int:
         """Bytes spanned from the first to the last element (GGML's ``ggml_nbytes``)."""
         ne, nb = self.ne, self.nb
-        if any(n <= 0 for n in ne):
+        if min(ne) <= 0:
             return 0
+        rest = (ne[1] - 1) * nb[1] + (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3]   # MAX_DIMS = 4
         bs = blck_size(self.type)
         if bs == 1:
-            size = type_size(self.type)
-            for i in range(MAX_DIMS):
-                size += (ne[i] - 1) * nb[i]
-        else:
-            size = ne[0] * nb[0] // bs
-            for i in range(1, MAX_DIMS):
-                size += (ne[i] - 1) * nb[i]
-        return size
+            return type_size(self.type) + (ne[0] - 1) * nb[0] + rest
+        return ne[0] * nb[0] // bs + rest
 
     def row_bytes(self) -> int:
         """Bytes in one row: ne0 elements at ``nb[0]`` bytes per block."""

@@ -50,8 +50,8 @@ import numpy as np
 from .. import ops
 from ..ops import op_desc
 from ..alloc import alloc_ctx_tensors_from_buft
-from ..buffer import BufferUsage, HostBuffer, tensor_alloc
-from ..backend import DeviceType, host_view, tensor_get, tensor_set
+from ..buffer import BufferUsage, tensor_alloc
+from ..backend import DeviceType, tensor_get, tensor_set
 from ..registry import dev_by_name, dev_count, dev_get
 from ..backends.cpu import backend_cpu_init, set_n_threads
 from ..graph import Graph
@@ -457,13 +457,13 @@ class LlamaModel:
         n_kv = min(self.n_ctx, -(-(self.n_past + n) // pad) * pad)
         sched, g, (tokens, pos, kv_idxs, v_idxs, kq_mask), logits = self._graph_for(n, n_kv, logits_all)
         positions = np.arange(self.n_past, self.n_past + n)
-        _write(tokens, np.asarray(batch, np.int32))
-        _write(pos, positions.astype(np.int32))
-        _write(kv_idxs, positions.astype(np.int64))
+        tensor_set(tokens, np.asarray(batch, np.int32))
+        tensor_set(pos, positions.astype(np.int32))
+        tensor_set(kv_idxs, positions.astype(np.int64))
         if v_idxs is not None:
-            _write(v_idxs, (positions[:, None] + self.n_ctx * np.arange(self.hp.n_embd_v_gqa)).astype(np.int64))
+            tensor_set(v_idxs, (positions[:, None] + self.n_ctx * np.arange(self.hp.n_embd_v_gqa)).astype(np.int64))
         # causal mask: token i sees cells 0..n_past+i
-        _write(kq_mask, np.where(np.arange(n_kv)[None, :] <= positions[:, None], 0.0, -np.inf).astype(np.float32))
+        tensor_set(kq_mask, np.where(np.arange(n_kv)[None, :] <= positions[:, None], 0.0, -np.inf).astype(np.float32))
         self.n_past += n
         if not wait:
             sched.graph_compute_async(g)
@@ -519,16 +519,6 @@ class LlamaModel:
             t2 = time.perf_counter()
             stats.update(n_prompt=len(ids), prefill_s=t1 - t0, n_decoded=n_decoded,
                          decode_s=t2 - t1, n_splits=self.sched.n_splits, stop=stop)
-
-
-def _write(t, values):
-    """Write a graph input: in place where it sits in host memory (~1 µs: a decode step writes five,
-    and ``tensor_set``'s checks cost ~20 µs each), else through ``tensor_set``."""
-    if isinstance(t.data_buffer(), HostBuffer):
-        v = host_view(t)
-        v[...] = values.reshape(v.shape)
-    else:
-        tensor_set(t, values)
 
 
 def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
