@@ -35,11 +35,13 @@ import lazyggml as lg  # noqa: E402
 from lazyggml.alloc import alloc_ctx_tensors  # noqa: E402
 from lazyggml.types import Type, row_size, type_size  # noqa: E402
 
-# GGML's H200 times (µs): Q4_K at d99724f2 (ARCHITECTURE.md); at n = 1 the mmvq types added after
-# Q4_K (the figures that work was set against)
-GGML_US = {(Type.Q4_K, 1): 16.2, (Type.Q4_K, 8): 67.2, (Type.Q4_K, 512): 356.0}
-GGML_US.update({(Type.Q2_K, 1): 16.9, (Type.Q3_K, 1): 23.3, (Type.Q5_K, 1): 18.6, (Type.IQ4_NL, 1): 15.9,
-                (Type.IQ4_XS, 1): 14.5})
+# GGML's H200 times (µs) for m=4096, k=14336 at n = 1, 8, 512: test-backend-ops perf of the GGML that
+# llama-cpp-python 0.3.36 vendors, built with llama-cpp-anchor (the issue 18 figures)
+_GGML_H200 = {"q4_0": (14.5, 32.8, 306.6), "q4_1": (11.8, 31.3, 346.3), "q5_0": (17.7, 37.8, 321.6),
+              "q5_1": (16.8, 36.7, 369.9), "q8_0": (23.3, 45.5, 312.6), "q2_k": (16.9, 59.4, 530.1),
+              "q3_k": (23.3, 58.9, 415.6), "q4_k": (16.0, 46.6, 346.7), "q5_k": (18.6, 48.5, 361.0),
+              "q6_k": (24.0, 57.3, 423.3), "iq4_nl": (15.9, 34.2, 313.3), "iq4_xs": (14.5, 35.2, 284.9)}
+GGML_US = {(Type[name.upper()], n): us for name, row in _GGML_H200.items() for n, us in zip((1, 8, 512), row)}
 M, K = 4096, 14336
 # the fp16 fields of each block (byte offset: value) that random_blocks sets to sane scales
 HALVES = {Type.Q4_0: {0: 0.004}, Type.Q4_1: {0: 0.004, 2: 0.002}, Type.Q5_0: {0: 0.004},
