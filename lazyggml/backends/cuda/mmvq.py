@@ -18,18 +18,18 @@ weight block ``kbx = l / (qi/vdr)`` with quant offset ``iqs = vdr·(l % (qi/vdr)
 | --- | --- | --- | --- | --- | --- |
 | Q4_K, Q5_K, Q6_K, IQ4_XS | 256 | 32 | 8 | 4 | 8 / 1 |
 | Q2_K, Q3_K | 256 | 16 | 8 | 2 | 16 / 2 |
-| Q8_0 | 32 | 8 | 2 | 4 | 8 / 1 |
-| Q4_0, Q4_1, Q5_0, Q5_1 | 32 | 4 | 2 | 2 | 16 / 2 |
-| IQ4_NL | 32 | 4 | 4 | 1 | 32 / 4 |
+| Q8_0 | 32 | 8 | 8 | 1 | 32 / 4 |
+| Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL | 32 | 4 | 4 | 1 | 32 / 4 |
 
 GGML gives Q4_K ``vdr = 2`` (16 threads per super-block) and Q6_K ``vdr = 1``. Here a lane takes a
 whole 64-value chunk of Q4_K, so the block's scales, ``d`` and ``dmin`` are decoded once per 64
 values instead of per 16, and its 32 bytes of quants come in two 16-byte loads (``load_int4``);
 the old n = 1 kernel was bound by instruction issue, not by memory, and this cuts its instructions
 per weight about fourfold. The types added later follow that design (GGML's ``vdr``: Q5_K 2,
-IQ4_XS 4, Q2_K and Q3_K 1, IQ4_NL 2): Q5_K and IQ4_XS take Q4_K's 64-value chunk; Q2_K and Q3_K a
-128-value half, all 32 of its quant bytes, whose four 2-bit fields belong to four q8_1 blocks
-(read in nine 16-byte loads, ``_q8_1_quad``); IQ4_NL a whole block.
+IQ4_XS 4, Q2_K and Q3_K 1, IQ4_NL, Q4_0, Q4_1, Q5_0 and Q5_1 2, Q8_0 2): Q5_K and IQ4_XS take Q4_K's
+64-value chunk; Q2_K and Q3_K a 128-value half, all 32 of its quant bytes, whose four 2-bit fields
+belong to four q8_1 blocks (read in nine 16-byte loads, ``_q8_1_quad``); the 32-value types a whole
+block (measured on an H200 at n = 1: Q8_0 43 → 23 µs, Q5_1 34 → 15 µs, Q4_1 14.2 → 13.6 µs).
 
 **Two rows per warp.** Each lane computes its share for both rows with the same activations: the
 compiler loads and sums an activation chunk once for the two ``vec_dot`` calls (measured on an
@@ -361,20 +361,22 @@ def _int_b2(vx16, b, j):
 
 @device
 def vec_dot_q8_0_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
-    """Ints ``iqs`` and ``iqs+1`` of the 8 quant ints of one Q8_0 block against its q8_1 twin."""
+    """A whole Q8_0 block, its 8 quant ints (vdr = 8), against its q8_1 twin."""
     b = np.uint32(kbx)
-    v0 = _int_b2(vx, b, 1 + 2 * iqs)
-    v1 = _int_b2(vx, b, 3 + 2 * iqs)
     yb = np.uint32(kby)
-    sumi = dp4a(v1, vy[yb, 2 + iqs], dp4a(v0, vy[yb, 1 + iqs], I0))
+    sumi = I0
+    for i in range(8):
+        sumi = dp4a(_int_b2(vx, b, 1 + 2 * i), vy[yb, 1 + i], sumi)
     return np.float32(vx_h[b, 0]) * np.float32(vy_h[yb, 0]) * np.float32(sumi)
 
 
 # -- the 32-value types: Q4_0 (18 bytes), Q4_1 (20), Q5_0 (22), Q5_1 (24) ----------------------------
-# A lane takes ints iqs, iqs+1 of the block's 4 quant ints (vdr = 2, two lanes per block): int w
-# holds elements 4w..4w+3 in its low nibbles (q8_1 int w) and 16+4w.. in its high ones (int 4+w).
-# The activations' sums are recounted from their quants (dp4a with ONES) for the −8/−16 offsets
-# and the mins, as the K-quant kernels do, rather than taken from the q8_1 block's rounded s.
+# A lane takes a whole block, its 4 quant ints (vdr = 4): int w holds elements 4w..4w+3 in its low
+# nibbles (q8_1 int w) and 16+4w.. in its high ones (int 4+w). The block's scales, and Q5's high
+# bits, are loaded and decoded once per 32 values (with two lanes per block, as GGML's vdr = 2, the
+# instructions per weight kept Q5_1 at 1.3 TB/s, 34 µs for GGML's 17). The activations' sums are
+# recounted from their quants (dp4a with ONES) for the −8/−16 offsets and the mins, as the K-quant
+# kernels do, rather than taken from the q8_1 block's rounded s.
 @device
 def _fifth_bits(qh, w):
     """Bits 4w..4w+3 of ``qh`` as bit 4 of bytes 0..3 (the fifth bits of int w's four values)."""
@@ -383,16 +385,16 @@ def _fifth_bits(qh, w):
 
 
 @device
-def _dot_32(v0, v1, qh, vy, yb, iqs):
-    """(Σ q·u, Σ u) over the lane's 16 values: ints v0, v1 of nibbles, with the fifth bits taken
+def _dot_32(v0, v1, v2, v3, qh, vy, yb):
+    """(Σ q·u, Σ u) over a block's 32 values: its ints v0..v3 of nibbles, with the fifth bits taken
     from ``qh`` (0 for the 4-bit types; the high nibbles' bits are 16 further on)."""
     sumi = su = I0
-    for i in range(2):
-        v = v0 if i == 0 else v1
-        u_lo = vy[yb, 1 + iqs + i]
-        u_hi = vy[yb, 5 + iqs + i]
-        sumi = dp4a((v & M4) | _fifth_bits(qh, iqs + i), u_lo, sumi)
-        sumi = dp4a(((v >> 4) & M4) | _fifth_bits(qh >> 16, iqs + i), u_hi, sumi)
+    for i in range(4):
+        v = v0 if i == 0 else (v1 if i == 1 else (v2 if i == 2 else v3))
+        u_lo = vy[yb, 1 + i]
+        u_hi = vy[yb, 5 + i]
+        sumi = dp4a((v & M4) | _fifth_bits(qh, i), u_lo, sumi)
+        sumi = dp4a(((v >> 4) & M4) | _fifth_bits(qh >> 16, i), u_hi, sumi)
         su = dp4a(ONES, u_lo, dp4a(ONES, u_hi, su))
     return sumi, su
 
@@ -401,7 +403,7 @@ def _dot_32(v0, v1, qh, vy, yb, iqs):
 def vec_dot_q4_0_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
     """Q4_0 (uint16 view, 9 half-words: d | qs): d·d8·Σ (q − 8)·u."""
     b, yb = np.uint32(kbx), np.uint32(kby)
-    sumi, su = _dot_32(_int_b2(vx, b, 1 + 2 * iqs), _int_b2(vx, b, 3 + 2 * iqs), I0, vy, yb, iqs)
+    sumi, su = _dot_32(_int_b2(vx, b, 1), _int_b2(vx, b, 3), _int_b2(vx, b, 5), _int_b2(vx, b, 7), I0, vy, yb)
     return np.float32(vx_h[b, 0]) * np.float32(vy_h[yb, 0]) * np.float32(sumi - 8 * su)
 
 
@@ -409,7 +411,7 @@ def vec_dot_q4_0_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
 def vec_dot_q4_1_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
     """Q4_1 (int32 view, 5 ints: d, m | qs): d·d8·Σ q·u + m·d8·Σ u."""
     b, yb = np.uint32(kbx), np.uint32(kby)
-    sumi, su = _dot_32(vx[b, 1 + iqs], vx[b, 2 + iqs], I0, vy, yb, iqs)
+    sumi, su = _dot_32(vx[b, 1], vx[b, 2], vx[b, 3], vx[b, 4], I0, vy, yb)
     d8 = np.float32(vy_h[yb, 0])
     return np.float32(vx_h[b, 0]) * d8 * np.float32(sumi) + np.float32(vx_h[b, 1]) * d8 * np.float32(su)
 
@@ -418,7 +420,8 @@ def vec_dot_q4_1_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
 def vec_dot_q5_0_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
     """Q5_0 (uint16 view, 11 half-words: d | qh | qs): d·d8·Σ (q − 16)·u."""
     b, yb = np.uint32(kbx), np.uint32(kby)
-    sumi, su = _dot_32(_int_b2(vx, b, 3 + 2 * iqs), _int_b2(vx, b, 5 + 2 * iqs), _int_b2(vx, b, 1), vy, yb, iqs)
+    sumi, su = _dot_32(_int_b2(vx, b, 3), _int_b2(vx, b, 5), _int_b2(vx, b, 7), _int_b2(vx, b, 9),
+                       _int_b2(vx, b, 1), vy, yb)
     return np.float32(vx_h[b, 0]) * np.float32(vy_h[yb, 0]) * np.float32(sumi - 16 * su)
 
 
@@ -426,7 +429,7 @@ def vec_dot_q5_0_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
 def vec_dot_q5_1_q8_1(vx, vx_h, kbx, vy, vy_h, kby, iqs):
     """Q5_1 (int32 view, 6 ints: d, m | qh | qs): d·d8·Σ q·u + m·d8·Σ u."""
     b, yb = np.uint32(kbx), np.uint32(kby)
-    sumi, su = _dot_32(vx[b, 2 + iqs], vx[b, 3 + iqs], vx[b, 1], vy, yb, iqs)
+    sumi, su = _dot_32(vx[b, 2], vx[b, 3], vx[b, 4], vx[b, 5], vx[b, 1], vy, yb)
     d8 = np.float32(vy_h[yb, 0])
     return np.float32(vx_h[b, 0]) * d8 * np.float32(sumi) + np.float32(vx_h[b, 1]) * d8 * np.float32(su)
 
@@ -515,11 +518,11 @@ VEC_DOT = {
     Type.Q3_K: (vec_dot_q3_K_q8_1, 256, 16, 8, np.int32),
     Type.IQ4_XS: (vec_dot_iq4_xs_q8_1, 256, 32, 8, np.int32),
     Type.IQ4_NL: (vec_dot_iq4_nl_q8_1, 32, 4, 4, np.uint16),
-    Type.Q8_0: (vec_dot_q8_0_q8_1, 32, 8, 2, np.uint16),
-    Type.Q4_0: (vec_dot_q4_0_q8_1, 32, 4, 2, np.uint16),
-    Type.Q4_1: (vec_dot_q4_1_q8_1, 32, 4, 2, np.int32),
-    Type.Q5_0: (vec_dot_q5_0_q8_1, 32, 4, 2, np.uint16),
-    Type.Q5_1: (vec_dot_q5_1_q8_1, 32, 4, 2, np.int32),
+    Type.Q8_0: (vec_dot_q8_0_q8_1, 32, 8, 8, np.uint16),
+    Type.Q4_0: (vec_dot_q4_0_q8_1, 32, 4, 4, np.uint16),
+    Type.Q4_1: (vec_dot_q4_1_q8_1, 32, 4, 4, np.int32),
+    Type.Q5_0: (vec_dot_q5_0_q8_1, 32, 4, 4, np.uint16),
+    Type.Q5_1: (vec_dot_q5_1_q8_1, 32, 4, 4, np.int32),
 }
 
 # The alignment (bytes) of the tensor's offset that the widest weight loads need; blocks that are a
