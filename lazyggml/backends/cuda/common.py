@@ -425,6 +425,27 @@ def round_up(a, b):
 
 
 @device
+def plane(i23, ne2):
+    """(i2, i3) of plane ``i23 = i2 + ne2·i3``, for the kernels that walk a tensor as rows: without a
+    division when i3 is 0 (nearly always). A 64-bit division costs dozens of instructions, more than
+    an element's whole work, and a thread that does one element pays its setup in full."""
+    if i23 < ne2:
+        return i23, i23 - i23
+    return i23 % ne2, i23 // ne2
+
+
+@device
+def wrap(i, n):
+    """``i % n`` for the index of a broadcast source (GGML's repeat): without a division when the
+    source is as large (``i < n``) or has one element along the dim."""
+    if i < n:
+        return i
+    if n == 1:
+        return i - i
+    return i % n
+
+
+@device
 def coords(i, ne0, ne1, ne2):
     """The 4-D coordinates (i0, i1, i2, i3) of flat element ``i`` of a contiguous tensor of shape ne."""
     return i % ne0, (i // ne0) % ne1, (i // (ne0 * ne1)) % ne2, i // (ne0 * ne1 * ne2)

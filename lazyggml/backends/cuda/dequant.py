@@ -17,8 +17,8 @@ import numpy as np
 from numba import cuda
 
 from ...types import KVALUES_IQ4NL, Type, blck_size, type_size
-from .common import device, jit_kernel
-from .elementwise import BLOCK, grid_for
+from .common import device, jit_kernel, plane
+from .elementwise import BLOCK, grid_rows
 
 T_Q4_K, T_Q6_K, T_Q4_0, T_Q4_1 = int(Type.Q4_K), int(Type.Q6_K), int(Type.Q4_0), int(Type.Q4_1)
 T_Q5_0, T_Q5_1, T_Q5_K, T_Q2_K, T_Q3_K = (int(Type.Q5_0), int(Type.Q5_1), int(Type.Q5_K), int(Type.Q2_K),
@@ -199,19 +199,28 @@ def dequantize(ty, u8, h, B, j):
 
 
 @jit_kernel()
-def dequantize_rows(ty, qk, bs, u8, h, dst, n, ne0, ne1, ne2, nb1, nb2, nb3):
-    """A quantized tensor (rows at byte strides nb1..nb3) to a contiguous F32 one; grid-stride loop."""
-    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    while i < n:
-        i0 = i % ne0
-        r = i // ne0
-        B = (r // (ne1 * ne2)) * nb3 + ((r // ne1) % ne2) * nb2 + (r % ne1) * nb1 + (i0 // qk) * bs
-        dst[i] = dequantize(ty, u8, h, B, i0 % qk)
-        i += cuda.gridDim.x * cuda.blockDim.x
+def dequantize_rows(ty, qsh, bs, u8, h, dst, ne0, ne1, ne2, ne3, nb1, nb2, nb3):
+    """A quantized tensor (rows at byte strides nb1..nb3) to a contiguous F32 or F16 one, walked as
+    rows (``elementwise.grid_rows``); ``qsh`` is log2 of the block size, so a value's block is a shift."""
+    x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    dx = cuda.gridDim.x * cuda.blockDim.x
+    qm = (1 << qsh) - 1
+    i23 = cuda.blockIdx.z
+    while i23 < ne2 * ne3:
+        i2, i3 = plane(i23, ne2)
+        i1 = cuda.blockIdx.y
+        while i1 < ne1:
+            rb = i3 * nb3 + i2 * nb2 + i1 * nb1
+            rd = (i23 * ne1 + i1) * ne0
+            i0 = x0
+            while i0 < ne0:
+                dst[rd + i0] = dequantize(ty, u8, h, rb + (i0 >> qsh) * bs, i0 & qm)
+                i0 += dx
+            i1 += cuda.gridDim.y
+        i23 += cuda.gridDim.z
 
 
 def launch_dequantize(stream, u8, h, dst, t):
-    """Dequantize tensor ``t`` (viewed as ``u8``/``h``) into the contiguous F32 array ``dst``."""
-    n = t.nelements()
-    dequantize_rows[grid_for(n), BLOCK, stream](int(t.type), blck_size(t.type), type_size(t.type), u8, h, dst, n,
-                                                t.ne[0], t.ne[1], t.ne[2], t.nb[1], t.nb[2], t.nb[3])
+    """Dequantize tensor ``t`` (viewed as ``u8``/``h``) into the contiguous F32 or F16 array ``dst``."""
+    dequantize_rows[grid_rows(t.ne), BLOCK, stream](
+        int(t.type), blck_size(t.type).bit_length() - 1, type_size(t.type), u8, h, dst, *t.ne, *t.nb[1:])

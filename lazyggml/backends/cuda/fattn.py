@@ -43,8 +43,8 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .common import F32_ZERO, SIM, alibi_slope, cdiv, jit_kernel, warp_reduce_max, warp_reduce_sum
-from .elementwise import BLOCK, grid_for
+from .common import alibi_slope, cdiv, jit_kernel, plane, warp_reduce_max, warp_reduce_sum, F32_ZERO, SIM
+from .elementwise import BLOCK, grid_rows
 from .matmul import launch_mul_mat_f
 from .softmax import launch_soft_max
 
@@ -207,25 +207,45 @@ def _make_kernel(DJ, GB, QN):
 
 
 @jit_kernel()
-def transpose_v(v, vt, n, n_kv, D, n_head_kv, vs1, vs2, vs3):
-    """``vt`` = V with cells along dim 0: [n_kv, D, n_head_kv, ne3] contiguous (writes coalesced)."""
-    for e in range(cuda.grid(1), n, cuda.gridsize(1)):
-        c = e % n_kv
-        d = (e // n_kv) % D
-        h = (e // (n_kv * D)) % n_head_kv
-        i3 = e // (n_kv * D * n_head_kv)
-        vt[e] = v[i3 * vs3 + h * vs2 + c * vs1 + d]
+def transpose_v(v, vt, n_kv, D, n_head_kv, ne3, vs1, vs2, vs3):
+    """``vt`` = V with cells along dim 0: [n_kv, D, n_head_kv, ne3] contiguous (writes coalesced);
+    walked as rows (``elementwise.grid_rows``)."""
+    x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    dx = cuda.gridDim.x * cuda.blockDim.x
+    i23 = cuda.blockIdx.z
+    while i23 < n_head_kv * ne3:
+        h, i3 = plane(i23, n_head_kv)
+        vb = i3 * vs3 + h * vs2
+        d = cuda.blockIdx.y
+        while d < D:
+            rd = (i23 * D + d) * n_kv
+            c = x0
+            while c < n_kv:
+                vt[rd + c] = v[vb + c * vs1 + d]
+                c += dx
+            d += cuda.gridDim.y
+        i23 += cuda.gridDim.z
 
 
 @jit_kernel()
-def heads_to_dim1(o, dst, n, D, n_q, n_head):
-    """[D, n_q, n_head, ne3] (the product's layout) to FLASH_ATTN_EXT's [D, n_head, n_q, ne3]."""
-    for e in range(cuda.grid(1), n, cuda.gridsize(1)):
-        d = e % D
-        h = (e // D) % n_head
-        iq = (e // (D * n_head)) % n_q
-        i3 = e // (D * n_head * n_q)
-        dst[e] = o[((i3 * n_head + h) * n_q + iq) * D + d]
+def heads_to_dim1(o, dst, D, n_head, n_q, ne3):
+    """[D, n_q, n_head, ne3] (the product's layout) to FLASH_ATTN_EXT's [D, n_head, n_q, ne3]; walked
+    as rows of dst."""
+    x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    dx = cuda.gridDim.x * cuda.blockDim.x
+    i23 = cuda.blockIdx.z
+    while i23 < n_q * ne3:
+        iq, i3 = plane(i23, n_q)
+        h = cuda.blockIdx.y
+        while h < n_head:
+            rd = (i23 * n_head + h) * D
+            ro = ((i3 * n_head + h) * n_q + iq) * D
+            d = x0
+            while d < D:
+                dst[rd + d] = o[ro + d]
+                d += dx
+            h += cuda.gridDim.y
+        i23 += cuda.gridDim.z
 
 
 class _Layout(NamedTuple):
@@ -253,15 +273,14 @@ def launch_prompt(be, q, k, v, mask, scale, max_bias, alibi, views):
     launch_mul_mat_f(st, kv, tuple(nb // ek for nb in k.nb), k.ne, qv, q, sv)
     launch_soft_max(st, sv, mv if mask is not None else sv, sv, _contiguous(s_ne, 4), mask, scale, max_bias,
                     alibi, empty_zero=True)
-    nvt = n_kv * D * n_head_kv * ne3k
-    vt = be.scratch("fattn_vt", ev * nvt, vv.dtype)
-    transpose_v[grid_for(nvt), BLOCK, st](vv, vt, nvt, n_kv, D, n_head_kv, v.nb[1] // ev, v.nb[2] // ev,
-                                           v.nb[3] // ev)
+    vt_ne = (n_kv, D, n_head_kv, ne3k)
+    vt = be.scratch("fattn_vt", ev * math.prod(vt_ne), vv.dtype)
+    transpose_v[grid_rows(vt_ne), BLOCK, st](vv, vt, *vt_ne, v.nb[1] // ev, v.nb[2] // ev, v.nb[3] // ev)
     no = D * n_q * n_head * ne3
     ov = be.scratch("fattn_o", 4 * no, np.float32)
     launch_mul_mat_f(st, vt, (1, n_kv, n_kv * D, n_kv * D * n_head_kv), (n_kv, D, n_head_kv, ne3k), sv,
                      _contiguous(s_ne, 4), ov)
-    heads_to_dim1[grid_for(no), BLOCK, st](ov, dv, no, D, n_q, n_head)
+    heads_to_dim1[grid_rows((D, n_head, n_q, ne3)), BLOCK, st](ov, dv, D, n_head, n_q, ne3)
 
 
 @jit_kernel()

@@ -40,7 +40,7 @@ from .table import forward
 from .common import Q8_1_INTS, tensor_cores
 from .dequant import QUANT_TYPES, launch_dequantize
 from .fattn import MAX_D, launch_fattn
-from .elementwise import BINARY_CODE, BLOCK, GLU_OPS, UNARY_OPS, binary, copy, glu, grid_for, scale, unary
+from .elementwise import BINARY_CODE, BLOCK, GLU_OPS, UNARY_OPS, binary, copy, glu, grid_rows, scale, unary
 from .matmul import launch_mul_mat_f
 from .mmq import launch_mmq
 from .mmvq import ALIGN, MMVQ_MAX_BATCH_SIZE, VEC_DOT, launch_mmvq
@@ -116,32 +116,29 @@ def mul_mat(be, node):
 @forward(Op.ADD, Op.SUB, Op.MUL, Op.DIV, supports=lambda n: _all(n, (F32,)))
 def binary_op(be, node):
     a, b = node.src[0], node.src[1]
-    n = node.nelements()
     ne = node.ne
-    binary[grid_for(n), BLOCK, be.stream](
+    binary[grid_rows(ne), BLOCK, be.stream](
         BINARY_CODE[node.op], be.view(a, np.float32), be.view(b, np.float32), be.view(node, np.float32),
-        n, ne[0], ne[1], ne[2], *elem_strides(a), *b.ne, *elem_strides(b), *elem_strides(node))
+        *ne, *elem_strides(a), *b.ne, *elem_strides(b), *elem_strides(node))
 
 
 @forward(Op.UNARY, supports=lambda n: _all(n, (F32,)) and unary_op(n) in UNARY_OPS)
 def unary_forward(be, node):
     a = node.src[0]
-    n = node.nelements()
     ne = node.ne
-    unary[grid_for(n), BLOCK, be.stream](
-        int(unary_op(node)), be.view(a, np.float32), be.view(node, np.float32), n, ne[0], ne[1], ne[2],
-        *elem_strides(a), *elem_strides(node))
+    unary[grid_rows(ne), BLOCK, be.stream](
+        int(unary_op(node)), be.view(a, np.float32), be.view(node, np.float32), *ne, *elem_strides(a),
+        *elem_strides(node))
 
 
 @forward(Op.SCALE, supports=lambda n: _all(n, (F32,)))
 def scale_op(be, node):
     a = node.src[0]
-    n = node.nelements()
     ne = node.ne
     s, bias = scale_params(node)
-    scale[grid_for(n), BLOCK, be.stream](
-        be.view(a, np.float32), be.view(node, np.float32), np.float32(s), np.float32(bias), n, ne[0], ne[1],
-        ne[2], *elem_strides(a), *elem_strides(node))
+    scale[grid_rows(ne), BLOCK, be.stream](
+        be.view(a, np.float32), be.view(node, np.float32), np.float32(s), np.float32(bias), *ne,
+        *elem_strides(a), *elem_strides(node))
 
 
 @forward(Op.GLU, supports=lambda n: _all(n, (F32,)) and glu_params(n).op in GLU_OPS)
@@ -158,19 +155,16 @@ def glu_op(be, node):
         sa, sg = elem_strides(a), elem_strides(g)
     if swapped:
         va, vg, sa, sg = vg, va, sg, sa
-    n = node.nelements()
-    glu[grid_for(n), BLOCK, be.stream](
-        int(gop), va, vg, be.view(node, np.float32), n, ne[0], ne[1], ne[2], *sa[1:], *sg[1:],
-        *elem_strides(node)[1:])
+    glu[grid_rows(ne), BLOCK, be.stream](
+        int(gop), va, vg, be.view(node, np.float32), *ne, *sa[1:], *sg[1:], *elem_strides(node)[1:])
 
 
 @forward(Op.DUP, Op.CONT, Op.CPY, supports=lambda n: _all(n, FLOAT_TYPES))
 def copy_op(be, node):
     a = node.src[0]
-    n = node.nelements()
     ne, me = a.ne, node.ne
-    copy[grid_for(n), BLOCK, be.stream](
-        be.view(a, DTYPE[a.type]), be.view(node, DTYPE[node.type]), n, ne[0], ne[1], ne[2], *elem_strides(a),
+    copy[grid_rows(ne), BLOCK, be.stream](
+        be.view(a, DTYPE[a.type]), be.view(node, DTYPE[node.type]), *ne, *elem_strides(a), ne == me,
         me[0], me[1], me[2], *elem_strides(node))
 
 
@@ -185,29 +179,25 @@ def _supports_get_rows(node):
 def get_rows_op(be, node):
     a, idx = node.src[0], node.src[1]
     ne = node.ne
-    n = node.nelements()
     si = elem_strides(idx)[:3]
     sd = elem_strides(node)[1:]
     vi = be.view(idx, DTYPE[idx.type])
     if a.type in FLOAT_TYPES:
-        get_rows_f[grid_for(n), BLOCK, be.stream](
-            be.view(a, DTYPE[a.type]), vi, be.view(node, np.float32), n, ne[0], ne[1], ne[2],
-            *elem_strides(a)[1:], *si, *sd)
+        get_rows_f[grid_rows(ne), BLOCK, be.stream](
+            be.view(a, DTYPE[a.type]), vi, be.view(node, np.float32), *ne, *elem_strides(a)[1:], *si, *sd)
     else:
-        get_rows_q[grid_for(n), BLOCK, be.stream](
-            int(a.type), blck_size(a.type), type_size(a.type), be.view(a, np.uint8),
-            be.view(a, np.float16), vi, be.view(node, np.float32), n, ne[0], ne[1], ne[2], *a.nb[1:], *si, *sd)
+        get_rows_q[grid_rows(ne), BLOCK, be.stream](
+            int(a.type), blck_size(a.type).bit_length() - 1, type_size(a.type), be.view(a, np.uint8),
+            be.view(a, np.float16), vi, be.view(node, np.float32), *ne, *a.nb[1:], *si, *sd)
 
 
 @forward(Op.SET_ROWS, supports=lambda n: (n.type in FLOAT_TYPES and n.src[0].type == F32
                                             and n.src[1].type in (Type.I32, Type.I64)))
 def set_rows_op(be, node):
     b, idx = node.src[0], node.src[1]
-    ne = b.ne
-    n = b.nelements()
-    set_rows[grid_for(n), BLOCK, be.stream](
-        be.view(b, np.float32), be.view(idx, DTYPE[idx.type]), be.view(node, DTYPE[node.type]), n, ne[0], ne[1],
-        ne[2], *elem_strides(b)[1:], idx.ne[1], idx.ne[2], *elem_strides(idx)[:3], *elem_strides(node)[1:])
+    set_rows[grid_rows(b.ne), BLOCK, be.stream](
+        be.view(b, np.float32), be.view(idx, DTYPE[idx.type]), be.view(node, DTYPE[node.type]), *b.ne,
+        *elem_strides(b)[1:], idx.ne[1], idx.ne[2], *elem_strides(idx)[:3], *elem_strides(node)[1:])
 
 
 # -- norms, soft_max, rope -------------------------------------------------------------------------

@@ -4,44 +4,73 @@
 ``a`` in F32, F16 or a quantized type (dequantized value by value, ``dequant.py``).
 ``set_rows(a, b, idx)``: ``a[:, idx[i1, i2 % ., i3 % .], i2, i3] = b[:, i1, i2, i3]``, converting F32
 to ``a``'s type (F32 or F16); the index is broadcast over b's dims 2 and 3. Indices are I32 or
-I64 (numba compiles a variant for each). One thread per value; rows are contiguous.
+I64 (numba compiles a variant for each). One thread per value, walking rows as ``elementwise.py``'s
+kernels do (``grid_rows``): the index is read once per row; rows are contiguous.
 """
 from __future__ import annotations
 
 import numba
 from numba import cuda
 
-from .common import coords, jit_kernel
+from .common import jit_kernel, plane, wrap
 from .dequant import dequantize
 
 
 @jit_kernel()
-def get_rows_f(a, idx, dst, n, ne0, ne10, ne11, s01, s02, s03, si0, si1, si2, sd1, sd2, sd3):
-    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    while i < n:
-        i0, i10, i11, i12 = coords(i, ne0, ne10, ne11)
-        r = idx[i10 * si0 + i11 * si1 + i12 * si2]
-        dst[i0 + i10 * sd1 + i11 * sd2 + i12 * sd3] = numba.float32(a[i0 + r * s01 + i11 * s02 + i12 * s03])
-        i += cuda.gridDim.x * cuda.blockDim.x
+def get_rows_f(a, idx, dst, ne0, ne10, ne11, ne12, s01, s02, s03, si0, si1, si2, sd1, sd2, sd3):
+    x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    dx = cuda.gridDim.x * cuda.blockDim.x
+    i23 = cuda.blockIdx.z
+    while i23 < ne11 * ne12:
+        i11, i12 = plane(i23, ne11)
+        i10 = cuda.blockIdx.y
+        while i10 < ne10:
+            ra = idx[i10 * si0 + i11 * si1 + i12 * si2] * s01 + i11 * s02 + i12 * s03
+            rd = i10 * sd1 + i11 * sd2 + i12 * sd3
+            i0 = x0
+            while i0 < ne0:
+                dst[rd + i0] = numba.float32(a[ra + i0])
+                i0 += dx
+            i10 += cuda.gridDim.y
+        i23 += cuda.gridDim.z
 
 
 @jit_kernel()
-def get_rows_q(ty, qk, bs, u8, h, idx, dst, n, ne0, ne10, ne11, nb01, nb02, nb03, si0, si1, si2,
+def get_rows_q(ty, qsh, bs, u8, h, idx, dst, ne0, ne10, ne11, ne12, nb01, nb02, nb03, si0, si1, si2,
                sd1, sd2, sd3):
-    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    while i < n:
-        i0, i10, i11, i12 = coords(i, ne0, ne10, ne11)
-        r = idx[i10 * si0 + i11 * si1 + i12 * si2]
-        B = r * nb01 + i11 * nb02 + i12 * nb03 + (i0 // qk) * bs
-        dst[i0 + i10 * sd1 + i11 * sd2 + i12 * sd3] = dequantize(ty, u8, h, B, i0 % qk)
-        i += cuda.gridDim.x * cuda.blockDim.x
+    """``qsh``: log2 of the block size (32 or 256 values), so that a value's block is a shift."""
+    x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    dx = cuda.gridDim.x * cuda.blockDim.x
+    qm = (1 << qsh) - 1
+    i23 = cuda.blockIdx.z
+    while i23 < ne11 * ne12:
+        i11, i12 = plane(i23, ne11)
+        i10 = cuda.blockIdx.y
+        while i10 < ne10:
+            ra = idx[i10 * si0 + i11 * si1 + i12 * si2] * nb01 + i11 * nb02 + i12 * nb03
+            rd = i10 * sd1 + i11 * sd2 + i12 * sd3
+            i0 = x0
+            while i0 < ne0:
+                dst[rd + i0] = dequantize(ty, u8, h, ra + (i0 >> qsh) * bs, i0 & qm)
+                i0 += dx
+            i10 += cuda.gridDim.y
+        i23 += cuda.gridDim.z
 
 
 @jit_kernel()
-def set_rows(b, idx, dst, n, ne0, ne1, ne2, s1, s2, s3, ni1, ni2, si0, si1, si2, sd1, sd2, sd3):
-    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    while i < n:
-        i0, i1, i2, i3 = coords(i, ne0, ne1, ne2)
-        r = idx[i1 * si0 + (i2 % ni1) * si1 + (i3 % ni2) * si2]
-        dst[i0 + r * sd1 + i2 * sd2 + i3 * sd3] = b[i0 + i1 * s1 + i2 * s2 + i3 * s3]
-        i += cuda.gridDim.x * cuda.blockDim.x
+def set_rows(b, idx, dst, ne0, ne1, ne2, ne3, s1, s2, s3, ni1, ni2, si0, si1, si2, sd1, sd2, sd3):
+    x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    dx = cuda.gridDim.x * cuda.blockDim.x
+    i23 = cuda.blockIdx.z
+    while i23 < ne2 * ne3:
+        i2, i3 = plane(i23, ne2)
+        i1 = cuda.blockIdx.y
+        while i1 < ne1:
+            rb = i1 * s1 + i2 * s2 + i3 * s3
+            rd = idx[i1 * si0 + wrap(i2, ni1) * si1 + wrap(i3, ni2) * si2] * sd1 + i2 * sd2 + i3 * sd3
+            i0 = x0
+            while i0 < ne0:
+                dst[rd + i0] = b[rb + i0]
+                i0 += dx
+            i1 += cuda.gridDim.y
+        i23 += cuda.gridDim.z
