@@ -38,7 +38,7 @@ from ...tensor import FLAG_OUTPUT
 from ...types import Type, blck_size, is_quantized, type_size
 from .table import forward
 from .common import Q8_1_INTS, tensor_cores
-from .dequant import QUANT_TYPES, launch_dequantize
+from .dequant import QUANT_TYPES, launch_dequantize, rows_grid, rows_kernel
 from .fattn import MAX_D, launch_fattn
 from .elementwise import BINARY_CODE, BLOCK, GLU_OPS, UNARY_OPS, binary, copy, glu, grid_rows, scale, unary
 from .matmul import launch_mul_mat_f
@@ -47,7 +47,7 @@ from .mmvq import ALIGN, MMVQ_MAX_BATCH_SIZE, VEC_DOT, launch_mmvq
 from .norm import launch_norm
 from .quantize import launch_quantize_mmq_q8_1, launch_quantize_q8_1, mmq_q8_1_bytes, q8_1_bytes
 from .rope import launch_rope
-from .rows import get_rows_f, get_rows_q, set_rows
+from .rows import get_rows_f, set_rows
 from .softmax import launch_soft_max
 
 F32, F16 = Type.F32, Type.F16
@@ -186,9 +186,9 @@ def get_rows_op(be, node):
         get_rows_f[grid_rows(ne), BLOCK, be.stream](
             be.view(a, DTYPE[a.type]), vi, be.view(node, np.float32), *ne, *elem_strides(a)[1:], *si, *sd)
     else:
-        get_rows_q[grid_rows(ne), BLOCK, be.stream](
-            int(a.type), blck_size(a.type).bit_length() - 1, type_size(a.type), be.view(a, np.uint8),
-            be.view(a, np.float16), vi, be.view(node, np.float32), *ne, *a.nb[1:], *si, *sd)
+        rows_kernel(a.type)[rows_grid(ne), BLOCK, be.stream](
+            blck_size(a.type).bit_length() - 1, type_size(a.type), be.view(a, np.uint8), be.view(a, np.float16),
+            vi, True, be.view(node, np.float32), *ne, *a.nb[1:], *si, *sd)
 
 
 @forward(Op.SET_ROWS, supports=lambda n: (n.type in FLOAT_TYPES and n.src[0].type == F32

@@ -1,7 +1,7 @@
 """GET_ROWS and SET_ROWS: gather rows of a table by index, scatter rows into a table (KV cache).
 
 ``get_rows(a, idx)``: ``dst[:, i10, i11, i12] = a[:, idx[i10, i11, i12], i11, i12]`` as F32, with
-``a`` in F32, F16 or a quantized type (dequantized value by value, ``dequant.py``).
+``a`` in F32 or F16 (here) or a quantized type (``dequant.rows_kernel``, which dequantizes).
 ``set_rows(a, b, idx)``: ``a[:, idx[i1, i2 % ., i3 % .], i2, i3] = b[:, i1, i2, i3]``, converting F32
 to ``a``'s type (F32 or F16); the index is broadcast over b's dims 2 and 3. Indices are I32 or
 I64 (numba compiles a variant for each). One thread per value, walking rows as ``elementwise.py``'s
@@ -13,7 +13,6 @@ import numba
 from numba import cuda
 
 from .common import jit_kernel, plane, wrap
-from .dequant import dequantize
 
 
 @jit_kernel()
@@ -30,28 +29,6 @@ def get_rows_f(a, idx, dst, ne0, ne10, ne11, ne12, s01, s02, s03, si0, si1, si2,
             i0 = x0
             while i0 < ne0:
                 dst[rd + i0] = numba.float32(a[ra + i0])
-                i0 += dx
-            i10 += cuda.gridDim.y
-        i23 += cuda.gridDim.z
-
-
-@jit_kernel()
-def get_rows_q(ty, qsh, bs, u8, h, idx, dst, ne0, ne10, ne11, ne12, nb01, nb02, nb03, si0, si1, si2,
-               sd1, sd2, sd3):
-    """``qsh``: log2 of the block size (32 or 256 values), so that a value's block is a shift."""
-    x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    dx = cuda.gridDim.x * cuda.blockDim.x
-    qm = (1 << qsh) - 1
-    i23 = cuda.blockIdx.z
-    while i23 < ne11 * ne12:
-        i11, i12 = plane(i23, ne11)
-        i10 = cuda.blockIdx.y
-        while i10 < ne10:
-            ra = idx[i10 * si0 + i11 * si1 + i12 * si2] * nb01 + i11 * nb02 + i12 * nb03
-            rd = i10 * sd1 + i11 * sd2 + i12 * sd3
-            i0 = x0
-            while i0 < ne0:
-                dst[rd + i0] = dequantize(ty, u8, h, ra + (i0 >> qsh) * bs, i0 & qm)
                 i0 += dx
             i10 += cuda.gridDim.y
         i23 += cuda.gridDim.z
