@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -152,18 +153,33 @@ class CUDAEvent:
             self.event = _cuda().event() if simulated() else _cuda().event(timing=False)
 
 
+_pinned = threading.local()   # .done: this thread made the only GPU's context current for good
+
+
 class CUDADevice(Device):
-    def __init__(self, index, description):
+    def __init__(self, index, description, only=False):
         super().__init__(f"CUDA{index}", description, DeviceType.GPU)
         self.index = index
+        self._only = only   # the machine's only GPU
         self._buft = CUDABufferType(self)
         self._context = None
         self._transfer_stream = None
         self._peers = {}    # other GPU's index -> whether peer access is enabled
 
     def context(self):
-        """Make this GPU current for numba (a no-op under the simulator)."""
-        return contextlib.nullcontext() if simulated() else _cuda().gpus[self.index]
+        """Make this GPU current for numba and the driver (a no-op under the simulator). With several
+        GPUs, numba's device scope: a push and a pop of the GPU's primary context, about four driver
+        calls. With one, as the CUDA runtime (and GGML's ``ggml_cuda_set_device``) does: the primary
+        context is pushed once per thread and stays current, so a scope costs nothing; a decoded
+        token enters seven of them."""
+        if simulated():
+            return contextlib.nullcontext()
+        if self._only:
+            if not getattr(_pinned, "done", False):
+                _cuda().gpus[self.index].get_primary_context().push()
+                _pinned.done = True
+            return contextlib.nullcontext()
+        return _cuda().gpus[self.index]
 
     def transfer_stream(self):
         """The stream of plain (synchronous) copies to and from this GPU's buffers."""
@@ -477,8 +493,9 @@ def registry():
             try:
                 if not cuda.is_available():
                     return None
-                devices = [CUDADevice(i, g.name.decode() if isinstance(g.name, bytes) else str(g.name))
-                           for i, g in enumerate(cuda.gpus)]
+                gpus = list(cuda.gpus)
+                devices = [CUDADevice(i, g.name.decode() if isinstance(g.name, bytes) else str(g.name),
+                                      only=len(gpus) == 1) for i, g in enumerate(gpus)]
             except Exception:   # a driver that is present but unusable: no CUDA devices
                 return None
         _registry = Registry("CUDA", devices)
