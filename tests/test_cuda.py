@@ -645,10 +645,11 @@ if CHILD:
             got, ref, _, _, _ = mul_mat_on(lg, be, type_, 3, 256, (256, n, 1, 1), rng)
             assert nmse(got, ref) <= 1e-12, n
 
-    @pytest.mark.parametrize("type_name", ["F32", "F16"])
+    @pytest.mark.parametrize("type_name", ["F32", "F16", "BF16"])
     @pytest.mark.parametrize("n", [2, 70])
     def test_sim_mul_mat_float(be, rng, type_name, n):
-        """mul_mat_vec_f (n = 2) and the 64x64 tiled GEMM (n = 70: two column tiles, partial)."""
+        """n = 2: mul_mat_vec_f (F32) or mul_mat_vec_h (F16, BF16: packed rows); n = 70: the 64x64
+        tiled GEMM (two column tiles, partial), BF16 through an F32 copy."""
         got, ref, _, _, _ = mul_mat_on(lg, be, getattr(lg, type_name), 5, 40, (40, n, 1, 1), rng)
         assert nmse(got, ref) <= 1e-12
 
@@ -659,10 +660,10 @@ if CHILD:
     def test_sim_unsupported_ops_are_refused(be):
         ctx = lg.Context()
         bad = [
-            lg.mul_mat(ctx.new_tensor_2d(lg.BF16, 64, 4), ctx.new_tensor_2d(lg.F32, 64, 1)),   # no kernel
+            lg.cpy(ctx.new_tensor_1d(lg.F32, 32), ctx.new_tensor_1d(lg.Q4_0, 32)),   # no quantizing copy
             lg.mul_mat(ctx.new_tensor_2d(lg.Q4_K, 256, 4), ctx.new_tensor_2d(lg.F16, 256, 1)),  # F16 src1
             lg.add(ctx.new_tensor_1d(lg.F16, 4), ctx.new_tensor_1d(lg.F16, 4)),
-            lg.cpy(ctx.new_tensor_1d(lg.F32, 4), ctx.new_tensor_1d(lg.BF16, 4)),
+            lg.cpy(ctx.new_tensor_1d(lg.F32, 4), ctx.new_tensor_1d(lg.I32, 4)),
             lg.sum_rows(ctx.new_tensor_2d(lg.F32, 4, 2)),
         ]
         for t in bad:

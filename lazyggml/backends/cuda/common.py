@@ -281,6 +281,14 @@ if SIM:
         h = np.array([x], np.int32).view(np.float16)
         return np.float32(h[0]), np.float32(h[1])
 
+    @device
+    def int_as_float(x):
+        return np.array([x], np.uint32).view(np.float32)[0]
+
+    @device
+    def float_as_int(x):
+        return np.array([x], np.float32).view(np.uint32)[0]
+
 else:
     def _int_vector_load(n):
         @intrinsic
@@ -320,6 +328,20 @@ else:
             builder.store(vec, builder.bitcast(ptr, vty.as_pointer()), align=16)
             return context.get_dummy_value()
         return sig, codegen
+
+    def _bitcast(src, dst):
+        @intrinsic
+        def cast(typingctx, x):
+            sig = dst(x)
+
+            def codegen(context, builder, signature, args):
+                v = context.cast(builder, args[0], signature.args[0], src)
+                return builder.bitcast(v, context.get_value_type(dst))
+            return sig, codegen
+        return cast
+
+    int_as_float = _bitcast(types.uint32, types.float32)    # the float whose bits are x
+    float_as_int = _bitcast(types.float32, types.uint32)    # the bits of float x
 
     @intrinsic
     def half2_float2(typingctx, x):
@@ -422,6 +444,22 @@ def cdiv(a, b):
 
 def round_up(a, b):
     return cdiv(a, b) * b
+
+
+@device
+def bf16_to_float(b):
+    """A bfloat16 (its 16 bits, read through a uint16 view) as a float32: the top half of its bits."""
+    return int_as_float(np.uint32(b) << np.uint32(16))
+
+
+@device
+def float_to_bf16(x):
+    """The bits of ``x`` rounded to bfloat16, to nearest even; NaN stays a quiet NaN (GGML's
+    ``ggml_compute_fp32_to_bf16``)."""
+    u = float_as_int(x)
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16((u >> np.uint32(16)) | np.uint32(64))
+    return np.uint16((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16))
 
 
 @device

@@ -8,7 +8,10 @@ over the rest; with many rows a thread takes ``ROW_RUN`` values of a row. A thre
 offsets once, and no division runs per element: with one flat index, the 4-D coordinates cost six 64-bit divisions per element (Python's floor semantics
 included), which made SWIGLU over a 14336 × 512 prompt compute-bound (119 µs, 0.7 TB/s). The op is
 an int argument (the branch is the same for all threads), so one compiled kernel serves a whole
-family; numba compiles one variant per dtype combination (F32/F16 for the copies).
+family; numba compiles one variant per dtype combination (F32/F16 for the copies). The walk (three
+``while`` loops) is written out in each kernel here and in ``rows.py``, ``rope.py``, ``dequant.py``
+and ``fattn.py``: a numba-cuda kernel cannot take the per-element work as a function argument, and
+the loops are the part whose cost matters.
 
 * binary (ADD, SUB, MUL, DIV): ``dst = src0 op src1`` where src1 is tiled over src0 (GGML's
   ``ggml_can_repeat``): its index is ``i_k % ne1_k`` in each dim (per row; along dim 0 only when
@@ -17,8 +20,8 @@ family; numba compiles one variant per dtype combination (F32/F16 for the copies
 * GLU (REGLU, GEGLU, SWIGLU): ``act(a)·g`` with ``a``, ``g`` the two halves of a row of src0, or
   src0 and src1 when split, swapped by ``glu_params(node).swapped``.
 * copy (DUP, CONT, CPY): element ``k`` of src in its own shape order goes to element ``k`` of dst in
-  dst's, with conversion between F32 and F16 (``cpy`` may reshape: only then does dst's position
-  come from a division of the flat index).
+  dst's, with conversion between F32, F16 and BF16 (``cpy`` may reshape: only then does dst's
+  position come from a division of the flat index).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ import numpy as np
 from numba import cuda
 
 from ...ops import GluOp, Op, UnaryOp
-from .common import cdiv, coords, device, jit_kernel, plane, wrap, F32_ONE, F32_ZERO, SIM
+from .common import bf16_to_float, cdiv, coords, float_to_bf16, device, jit_kernel, plane, wrap, F32_ONE, F32_ZERO, SIM
 
 BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV = 0, 1, 2, 3
 BINARY_CODE = {Op.ADD: BIN_ADD, Op.SUB: BIN_SUB, Op.MUL: BIN_MUL, Op.DIV: BIN_DIV}
@@ -203,8 +206,10 @@ def glu(op, a, g, dst, ne0, ne1, ne2, ne3, sa1, sa2, sa3, sg1, sg2, sg3, sd1, sd
 
 
 @jit_kernel()
-def copy(a, dst, ne0, ne1, ne2, ne3, sa0, sa1, sa2, sa3, same, me0, me1, me2, sd0, sd1, sd2, sd3):
-    """Element ``k`` of ``a`` (shape ne) to element ``k`` of ``dst`` (shape me; ``same``: me == ne)."""
+def copy(a, a_bf16, dst, d_bf16, ne0, ne1, ne2, ne3, sa0, sa1, sa2, sa3, same, me0, me1, me2, sd0, sd1, sd2,
+         sd3):
+    """Element ``k`` of ``a`` (shape ne) to element ``k`` of ``dst`` (shape me; ``same``: me == ne),
+    through a float32; ``a_bf16``/``d_bf16``: that side is BF16, read through a uint16 view."""
     x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     dx = cuda.gridDim.x * cuda.blockDim.x
     i23 = cuda.blockIdx.z
@@ -222,7 +227,12 @@ def copy(a, dst, ne0, ne1, ne2, ne3, sa0, sa1, sa2, sa3, same, me0, me1, me2, sd
                 else:
                     j0, j1, j2, j3 = coords(k0 + i0, me0, me1, me2)
                     o = j0 * sd0 + j1 * sd1 + j2 * sd2 + j3 * sd3
-                dst[o] = a[ra + i0 * sa0]
+                v = a[ra + i0 * sa0]
+                x = bf16_to_float(v) if a_bf16 else np.float32(v)
+                if d_bf16:
+                    dst[o] = float_to_bf16(x)
+                else:
+                    dst[o] = x
                 i0 += dx
             i1 += cuda.gridDim.y
         i23 += cuda.gridDim.z

@@ -16,7 +16,8 @@ MUL_MAT picks its kernel as below: Q4_K as GGML's ``ggml_cuda_mul_mat`` does for
   src0 to F16 scratch (F32 without tensor cores), then the float kernels (GGML's dequantize +
   cuBLAS path);
 * src0 F32/F16: ``mul_mat_vec_f`` up to 8 columns, else the tensor-core ``mul_mat_f_mma`` for F16
-  with packed rows, the tiled ``mul_mat_f`` otherwise.
+  with packed rows, the tiled ``mul_mat_f`` otherwise; BF16 likewise (``mul_mat_vec_f`` reads it
+  through a uint16 view), copied to F32 scratch first for more columns.
 
 Fusion (``fuse``, applied once per graph by the backend): RMS_NORM or NORM followed by the MUL
 of its result by a weight row is one launch, and so is an ADD whose sum that norm normalises
@@ -41,7 +42,7 @@ from .common import Q8_1_INTS, tensor_cores
 from .dequant import QUANT_TYPES, launch_dequantize, rows_grid, rows_kernel
 from .fattn import MAX_D, launch_fattn
 from .elementwise import BINARY_CODE, BLOCK, GLU_OPS, UNARY_OPS, binary, copy, glu, grid_rows, scale, unary
-from .matmul import launch_mul_mat_f
+from .matmul import MMVF_MAX_COLS, launch_mul_mat_f
 from .mmq import launch_mmq
 from .mmvq import ALIGN, MMVQ_MAX_BATCH_SIZE, VEC_DOT, launch_mmvq
 from .norm import launch_norm
@@ -50,9 +51,11 @@ from .rope import launch_rope
 from .rows import get_rows_f, set_rows
 from .softmax import launch_soft_max
 
-F32, F16 = Type.F32, Type.F16
+F32, F16, BF16 = Type.F32, Type.F16, Type.BF16
 FLOAT_TYPES = (F32, F16)
-DTYPE = {F32: np.float32, F16: np.float16, Type.I32: np.int32, Type.I64: np.int64}
+STORE_TYPES = (F32, F16, BF16)   # what copies, rows and float products read and write
+# numba has no bfloat16: BF16 tensors are read and written through uint16 views (common.bf16_to_float)
+DTYPE = {F32: np.float32, F16: np.float16, BF16: np.uint16, Type.I32: np.int32, Type.I64: np.int64}
 
 
 def elem_strides(t):
@@ -70,7 +73,7 @@ def _supports_mul_mat(node):
     a, b = node.src[0], node.src[1]
     if b.type != F32 or node.type != F32:
         return False
-    if a.type in FLOAT_TYPES:
+    if a.type in STORE_TYPES:
         return True
     bs = type_size(a.type)
     return a.type in QUANT_TYPES and all(nb % bs == 0 for nb in a.nb) and a.nb[0] == bs
@@ -108,6 +111,13 @@ def mul_mat(be, node):
         launch_dequantize(s, be.view(a, np.uint8), be.view(a, np.float16), x, a)
         ne = a.ne
         launch_mul_mat_f(s, x, (1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2]), ne, y, b, dst)
+    elif a.type == BF16 and ncols > MMVF_MAX_COLS:    # to F32 for the tiled product
+        x = be.scratch("dequant", 4 * a.nelements(), np.float32)
+        ne = a.ne
+        s0 = (1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2])
+        copy[grid_rows(ne), BLOCK, s](be.view(a, np.uint16), True, x, False, *ne, *elem_strides(a), True,
+                                      ne[0], ne[1], ne[2], *s0)
+        launch_mul_mat_f(s, x, s0, ne, y, b, dst)
     else:
         launch_mul_mat_f(s, be.view(a, DTYPE[a.type]), elem_strides(a), a.ne, y, b, dst)
 
@@ -159,12 +169,13 @@ def glu_op(be, node):
         int(gop), va, vg, be.view(node, np.float32), *ne, *sa[1:], *sg[1:], *elem_strides(node)[1:])
 
 
-@forward(Op.DUP, Op.CONT, Op.CPY, supports=lambda n: _all(n, FLOAT_TYPES))
+@forward(Op.DUP, Op.CONT, Op.CPY, supports=lambda n: _all(n, STORE_TYPES))
 def copy_op(be, node):
     a = node.src[0]
     ne, me = a.ne, node.ne
     copy[grid_rows(ne), BLOCK, be.stream](
-        be.view(a, DTYPE[a.type]), be.view(node, DTYPE[node.type]), *ne, *elem_strides(a), ne == me,
+        be.view(a, DTYPE[a.type]), a.type == BF16, be.view(node, DTYPE[node.type]), node.type == BF16, *ne,
+        *elem_strides(a), ne == me,
         me[0], me[1], me[2], *elem_strides(node))
 
 
@@ -172,7 +183,7 @@ def copy_op(be, node):
 def _supports_get_rows(node):
     a, idx = node.src[0], node.src[1]
     return (node.type == F32 and idx.type in (Type.I32, Type.I64) and a.nb[0] == type_size(a.type)
-            and (a.type in FLOAT_TYPES or a.type in QUANT_TYPES))
+            and (a.type in STORE_TYPES or a.type in QUANT_TYPES))
 
 
 @forward(Op.GET_ROWS, supports=_supports_get_rows)
@@ -182,21 +193,22 @@ def get_rows_op(be, node):
     si = elem_strides(idx)[:3]
     sd = elem_strides(node)[1:]
     vi = be.view(idx, DTYPE[idx.type])
-    if a.type in FLOAT_TYPES:
+    if a.type in STORE_TYPES:
         get_rows_f[grid_rows(ne), BLOCK, be.stream](
-            be.view(a, DTYPE[a.type]), vi, be.view(node, np.float32), *ne, *elem_strides(a)[1:], *si, *sd)
+            be.view(a, DTYPE[a.type]), a.type == BF16, vi, be.view(node, np.float32), *ne, *elem_strides(a)[1:], *si, *sd)
     else:
         rows_kernel(a.type)[rows_grid(ne), BLOCK, be.stream](
             blck_size(a.type).bit_length() - 1, type_size(a.type), be.view(a, np.uint8), be.view(a, np.float16),
             vi, True, be.view(node, np.float32), *ne, *a.nb[1:], *si, *sd)
 
 
-@forward(Op.SET_ROWS, supports=lambda n: (n.type in FLOAT_TYPES and n.src[0].type == F32
+@forward(Op.SET_ROWS, supports=lambda n: (n.type in STORE_TYPES and n.src[0].type == F32
                                             and n.src[1].type in (Type.I32, Type.I64)))
 def set_rows_op(be, node):
     b, idx = node.src[0], node.src[1]
     set_rows[grid_rows(b.ne), BLOCK, be.stream](
-        be.view(b, np.float32), be.view(idx, DTYPE[idx.type]), be.view(node, DTYPE[node.type]), *b.ne,
+        be.view(b, np.float32), be.view(idx, DTYPE[idx.type]), be.view(node, DTYPE[node.type]), node.type == BF16,
+        *b.ne,
         *elem_strides(b)[1:], idx.ne[1], idx.ne[2], *elem_strides(idx)[:3], *elem_strides(node)[1:])
 
 

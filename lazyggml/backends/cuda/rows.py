@@ -1,9 +1,10 @@
 """GET_ROWS and SET_ROWS: gather rows of a table by index, scatter rows into a table (KV cache).
 
 ``get_rows(a, idx)``: ``dst[:, i10, i11, i12] = a[:, idx[i10, i11, i12], i11, i12]`` as F32, with
-``a`` in F32 or F16 (here) or a quantized type (``dequant.rows_kernel``, which dequantizes).
+``a`` in F32, F16, BF16 (``a_bf16``: read through a uint16 view) or a quantized type
+(``dequant.rows_kernel``, which dequantizes).
 ``set_rows(a, b, idx)``: ``a[:, idx[i1, i2 % ., i3 % .], i2, i3] = b[:, i1, i2, i3]``, converting F32
-to ``a``'s type (F32 or F16); the index is broadcast over b's dims 2 and 3. Indices are I32 or
+to ``a``'s type (F32, F16 or BF16); the index is broadcast over b's dims 2 and 3. Indices are I32 or
 I64 (numba compiles a variant for each). One thread per value, walking rows as ``elementwise.py``'s
 kernels do (``grid_rows``): the index is read once per row; rows are contiguous.
 """
@@ -12,11 +13,11 @@ from __future__ import annotations
 import numba
 from numba import cuda
 
-from .common import jit_kernel, plane, wrap
+from .common import bf16_to_float, float_to_bf16, jit_kernel, plane, wrap
 
 
 @jit_kernel()
-def get_rows_f(a, idx, dst, ne0, ne10, ne11, ne12, s01, s02, s03, si0, si1, si2, sd1, sd2, sd3):
+def get_rows_f(a, a_bf16, idx, dst, ne0, ne10, ne11, ne12, s01, s02, s03, si0, si1, si2, sd1, sd2, sd3):
     x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     dx = cuda.gridDim.x * cuda.blockDim.x
     i23 = cuda.blockIdx.z
@@ -28,14 +29,15 @@ def get_rows_f(a, idx, dst, ne0, ne10, ne11, ne12, s01, s02, s03, si0, si1, si2,
             rd = i10 * sd1 + i11 * sd2 + i12 * sd3
             i0 = x0
             while i0 < ne0:
-                dst[rd + i0] = numba.float32(a[ra + i0])
+                v = a[ra + i0]
+                dst[rd + i0] = bf16_to_float(v) if a_bf16 else numba.float32(v)
                 i0 += dx
             i10 += cuda.gridDim.y
         i23 += cuda.gridDim.z
 
 
 @jit_kernel()
-def set_rows(b, idx, dst, ne0, ne1, ne2, ne3, s1, s2, s3, ni1, ni2, si0, si1, si2, sd1, sd2, sd3):
+def set_rows(b, idx, dst, d_bf16, ne0, ne1, ne2, ne3, s1, s2, s3, ni1, ni2, si0, si1, si2, sd1, sd2, sd3):
     x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     dx = cuda.gridDim.x * cuda.blockDim.x
     i23 = cuda.blockIdx.z
@@ -47,7 +49,10 @@ def set_rows(b, idx, dst, ne0, ne1, ne2, ne3, s1, s2, s3, ni1, ni2, si0, si1, si
             rd = idx[i1 * si0 + wrap(i2, ni1) * si1 + wrap(i3, ni2) * si2] * sd1 + i2 * sd2 + i3 * sd3
             i0 = x0
             while i0 < ne0:
-                dst[rd + i0] = b[rb + i0]
+                if d_bf16:
+                    dst[rd + i0] = float_to_bf16(b[rb + i0])
+                else:
+                    dst[rd + i0] = b[rb + i0]
                 i0 += dx
             i1 += cuda.gridDim.y
         i23 += cuda.gridDim.z
