@@ -41,7 +41,7 @@ _GGML_H200 = {"q4_0": (14.5, 32.8, 306.6), "q4_1": (11.8, 31.3, 346.3), "q5_0": 
               "q5_1": (16.8, 36.7, 369.9), "q8_0": (23.3, 45.5, 312.6), "q2_k": (16.9, 59.4, 530.1),
               "q3_k": (23.3, 58.9, 415.6), "q4_k": (16.0, 46.6, 346.7), "q5_k": (18.6, 48.5, 361.0),
               "q6_k": (24.0, 57.3, 423.3), "iq4_nl": (15.9, 34.2, 313.3), "iq4_xs": (14.5, 35.2, 284.9),
-              "f16": (30.8, 48.4, 114.9)}
+              "f16": (30.8, 48.4, 114.9), "bf16": (30.2, 48.5, 104.8)}
 GGML_US = {(Type[name.upper()], n): us for name, row in _GGML_H200.items() for n, us in zip((1, 8, 512), row)}
 M, K = 4096, 14336
 # the fp16 fields of each block (byte offset: value) that random_blocks sets to sane scales
@@ -59,9 +59,13 @@ def cuda_backend():
 
 
 def random_blocks(type_, m, k, rng):
-    """Valid random quantized rows without running a quantizer: random bytes, sane fp16 scales."""
+    """Valid random quantized rows without running a quantizer: random bytes, sane fp16 scales (F16
+    and BF16: random values in [-1, 1])."""
     if type_ == Type.F16:
         return rng.uniform(-1, 1, (m, k)).astype(np.float16).view(np.uint8)
+    if type_ == Type.BF16:
+        from lazyggml.op_cases import to_bf16_bits
+        return to_bf16_bits(rng.uniform(-1, 1, (m, k)).astype(np.float32)).view(np.uint8)
     raw = rng.integers(0, 256, (m, row_size(type_, k)), dtype=np.uint8)
     blocks = raw.reshape(m, -1, type_size(type_))
     for off, v in HALVES[type_].items():
@@ -245,7 +249,7 @@ def main():
     ap.add_argument("--n", type=int, nargs="+", default=[1, 8, 512], help="mul_mat column counts")
     ap.add_argument("--types", default="q4_k", help="mul_mat weight types, comma-separated (e.g. q2_k,iq4_xs)")
     args = ap.parse_args()
-    known = {t.name.lower(): t for t in (*HALVES, Type.F16)}
+    known = {t.name.lower(): t for t in (*HALVES, Type.F16, Type.BF16)}
     wanted = args.types.lower().split(",")
     unknown = sorted(set(wanted) - set(known))
     if unknown:
