@@ -16,7 +16,8 @@ the loops are the part whose cost matters.
 * binary (ADD, SUB, MUL, DIV): ``dst = src0 op src1`` where src1 is tiled over src0 (GGML's
   ``ggml_can_repeat``): its index is ``i_k % ne1_k`` in each dim (per row; along dim 0 only when
   src1's row is shorter).
-* unary (ABS, NEG, RELU, SIGMOID, TANH, GELU, SILU, EXP ...), ``scale`` (``x·s + b``).
+* unary (every ``UnaryOp``, and SQR, SQRT, LOG, SIN, COS, CLAMP as codes after them), ``scale``
+  (``x·s + b``).
 * GLU (REGLU, GEGLU, SWIGLU): ``act(a)·g`` with ``a``, ``g`` the two halves of a row of src0, or
   src0 and src1 when split, swapped by ``glu_params(node).swapped``.
 * copy (DUP, CONT, CPY): element ``k`` of src in its own shape order goes to element ``k`` of dst in
@@ -34,19 +35,27 @@ from ...ops import GluOp, Op, UnaryOp
 from .common import bf16_to_float, cdiv, coords, float_to_bf16, device, jit_kernel, plane, wrap, F32_ONE, F32_ZERO, SIM
 
 BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV = 0, 1, 2, 3
-BINARY_CODE = {Op.ADD: BIN_ADD, Op.SUB: BIN_SUB, Op.MUL: BIN_MUL, Op.DIV: BIN_DIV}
-UNARY_OPS = (UnaryOp.ABS, UnaryOp.SGN, UnaryOp.NEG, UnaryOp.STEP, UnaryOp.TANH, UnaryOp.RELU,
-             UnaryOp.SIGMOID, UnaryOp.GELU, UnaryOp.GELU_QUICK, UnaryOp.SILU, UnaryOp.EXP)
+BINARY_CODE = {Op.ADD: BIN_ADD, Op.ADD1: BIN_ADD, Op.SUB: BIN_SUB, Op.MUL: BIN_MUL, Op.DIV: BIN_DIV}
+UNARY_OPS = tuple(UnaryOp)
 GLU_OPS = (GluOp.REGLU, GluOp.GEGLU, GluOp.SWIGLU)
 
 U_ABS, U_SGN, U_NEG, U_STEP, U_TANH, U_RELU, U_SIGMOID, U_GELU, U_GELU_QUICK, U_SILU, U_EXP = (
-    int(u) for u in UNARY_OPS)
+    int(u) for u in (UnaryOp.ABS, UnaryOp.SGN, UnaryOp.NEG, UnaryOp.STEP, UnaryOp.TANH, UnaryOp.RELU,
+                     UnaryOp.SIGMOID, UnaryOp.GELU, UnaryOp.GELU_QUICK, UnaryOp.SILU, UnaryOp.EXP))
+U_ELU, U_HARDSWISH, U_HARDSIGMOID, U_GELU_ERF = (int(u) for u in (UnaryOp.ELU, UnaryOp.HARDSWISH,
+                                                                  UnaryOp.HARDSIGMOID, UnaryOp.GELU_ERF))
+# the ops GGML keeps apart from UNARY, as codes of the same kernel (after UnaryOp's values)
+U_SQR, U_SQRT, U_LOG, U_SIN, U_COS, U_CLAMP = 100, 101, 102, 103, 104, 105
+UNARY_CODE = {Op.SQR: U_SQR, Op.SQRT: U_SQRT, Op.LOG: U_LOG, Op.SIN: U_SIN, Op.COS: U_COS, Op.CLAMP: U_CLAMP}
 G_REGLU, G_GEGLU, G_SWIGLU = (int(g) for g in GLU_OPS)
 
 SQRT_2_OVER_PI = np.float32(0.7978845608028654)
 GELU_COEF_A = np.float32(0.044715)
 GELU_QUICK_COEF = np.float32(-1.702)
 F32_HALF = np.float32(0.5)
+F32_THREE = np.float32(3)
+F32_SIX = np.float32(6)
+SQRT_2_INV = np.float32(0.7071067811865476)
 
 # Launch shape of the grid-stride kernels. The simulator pays ~2 ms to start each thread and little
 # per loop iteration, so there a few warps walk the whole tensor.
@@ -83,7 +92,13 @@ def _silu(x):
 
 
 @device
-def unary_f(op, x):
+def _hardsigmoid(x):
+    return min(F32_ONE, max(F32_ZERO, (x + F32_THREE) / F32_SIX))
+
+
+@device
+def unary_f(op, x, p0, p1):
+    """Unary op ``op`` of ``x``; ``p0``, ``p1``: CLAMP's min and max."""
     if op == U_SILU:
         return _silu(x)
     if op == U_GELU:
@@ -104,6 +119,27 @@ def unary_f(op, x):
         return F32_ONE / (F32_ONE + math.exp(-x))
     if op == U_GELU_QUICK:
         return x / (F32_ONE + math.exp(GELU_QUICK_COEF * x))
+    if op == U_ELU:
+        return x if x > F32_ZERO else np.float32(math.expm1(x))
+    if op == U_HARDSWISH:
+        return x * _hardsigmoid(x)
+    if op == U_HARDSIGMOID:
+        return _hardsigmoid(x)
+    if op == U_GELU_ERF:
+        return F32_HALF * x * (F32_ONE + np.float32(math.erf(x * SQRT_2_INV)))
+    if op == U_SQR:
+        return x * x
+    if op == U_SQRT:
+        return np.float32(math.sqrt(x))
+    if op == U_LOG:
+        return np.float32(math.log(x))
+    if op == U_SIN:
+        return np.float32(math.sin(x))
+    if op == U_COS:
+        return np.float32(math.cos(x))
+    if op == U_CLAMP:       # GGML's MAX(MIN(x, max), min): a NaN becomes max
+        v = x if x < p1 else p1
+        return v if v > p0 else p0
     return np.float32(math.exp(x))   # U_EXP
 
 
@@ -139,7 +175,7 @@ def binary(op, a, b, dst, ne0, ne1, ne2, ne3, sa0, sa1, sa2, sa3, nb0, nb1, nb2,
 
 
 @jit_kernel()
-def unary(op, a, dst, ne0, ne1, ne2, ne3, sa0, sa1, sa2, sa3, sd0, sd1, sd2, sd3):
+def unary(op, p0, p1, a, dst, ne0, ne1, ne2, ne3, sa0, sa1, sa2, sa3, sd0, sd1, sd2, sd3):
     x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     dx = cuda.gridDim.x * cuda.blockDim.x
     i23 = cuda.blockIdx.z
@@ -151,7 +187,7 @@ def unary(op, a, dst, ne0, ne1, ne2, ne3, sa0, sa1, sa2, sa3, sd0, sd1, sd2, sd3
             rd = i1 * sd1 + i2 * sd2 + i3 * sd3
             i0 = x0
             while i0 < ne0:
-                dst[rd + i0 * sd0] = unary_f(op, a[ra + i0 * sa0])
+                dst[rd + i0 * sd0] = unary_f(op, a[ra + i0 * sa0], p0, p1)
                 i0 += dx
             i1 += cuda.gridDim.y
         i23 += cuda.gridDim.z

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops import (Op, flash_attn_params, glu_params, norm_eps, rope_params, scale_params, soft_max_alibi,
+from ...ops import (Op, clamp_params, flash_attn_params, glu_params, norm_eps, rope_params, scale_params, soft_max_alibi,
                     soft_max_params, unary_op)
 from ...tensor import FLAG_OUTPUT
 from ...types import Type, blck_size, is_quantized, type_size
@@ -41,7 +41,8 @@ from .table import forward
 from .common import Q8_1_INTS, tensor_cores
 from .dequant import QUANT_TYPES, launch_dequantize, rows_grid, rows_kernel
 from .fattn import MAX_D, launch_fattn
-from .elementwise import BINARY_CODE, BLOCK, GLU_OPS, UNARY_OPS, binary, copy, glu, grid_rows, scale, unary
+from .elementwise import (BINARY_CODE, BLOCK, GLU_OPS, UNARY_CODE, UNARY_OPS, binary, copy, glu, grid_rows, scale,
+                          unary)
 from .matmul import MMVF_MAX_COLS, launch_mul_mat_f
 from .mmq import launch_mmq
 from .mmvq import ALIGN, MMVQ_MAX_BATCH_SIZE, VEC_DOT, launch_mmvq
@@ -123,7 +124,7 @@ def mul_mat(be, node):
 
 
 # -- element-wise ----------------------------------------------------------------------------------
-@forward(Op.ADD, Op.SUB, Op.MUL, Op.DIV, supports=lambda n: _all(n, (F32,)))
+@forward(Op.ADD, Op.ADD1, Op.SUB, Op.MUL, Op.DIV, supports=lambda n: _all(n, (F32,)))
 def binary_op(be, node):
     a, b = node.src[0], node.src[1]
     ne = node.ne
@@ -132,13 +133,16 @@ def binary_op(be, node):
         *ne, *elem_strides(a), *b.ne, *elem_strides(b), *elem_strides(node))
 
 
-@forward(Op.UNARY, supports=lambda n: _all(n, (F32,)) and unary_op(n) in UNARY_OPS)
+@forward(Op.UNARY, *UNARY_CODE,
+         supports=lambda n: _all(n, (F32,)) and (n.op != Op.UNARY or unary_op(n) in UNARY_OPS))
 def unary_forward(be, node):
     a = node.src[0]
     ne = node.ne
+    p0, p1 = clamp_params(node) if node.op == Op.CLAMP else (0.0, 0.0)
+    code = int(unary_op(node)) if node.op == Op.UNARY else UNARY_CODE[node.op]
     unary[grid_rows(ne), BLOCK, be.stream](
-        int(unary_op(node)), be.view(a, np.float32), be.view(node, np.float32), *ne, *elem_strides(a),
-        *elem_strides(node))
+        code, np.float32(p0), np.float32(p1), be.view(a, np.float32), be.view(node, np.float32), *ne,
+        *elem_strides(a), *elem_strides(node))
 
 
 @forward(Op.SCALE, supports=lambda n: _all(n, (F32,)))
