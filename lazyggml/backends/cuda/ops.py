@@ -50,6 +50,7 @@ from .norm import launch_norm
 from .quantize import launch_quantize_mmq_q8_1, launch_quantize_q8_1, mmq_q8_1_bytes, q8_1_bytes
 from .rope import launch_rope
 from .rows import get_rows_f, set_rows
+from .reduce import R_MEAN, R_SUM, R_SUM_ROWS, launch_argmax, launch_reduce
 from .softmax import launch_soft_max
 
 F32, F16, BF16 = Type.F32, Type.F16, Type.BF16
@@ -214,6 +215,21 @@ def set_rows_op(be, node):
         be.view(b, np.float32), be.view(idx, DTYPE[idx.type]), be.view(node, DTYPE[node.type]), node.type == BF16,
         *b.ne,
         *elem_strides(b)[1:], idx.ne[1], idx.ne[2], *elem_strides(idx)[:3], *elem_strides(node)[1:])
+
+
+# -- reductions ------------------------------------------------------------------------------------
+@forward(Op.SUM, Op.SUM_ROWS, Op.MEAN, supports=lambda n: _all(n, (F32,)))
+def reduce_op(be, node):
+    a = node.src[0]
+    mode = {Op.SUM: R_SUM, Op.SUM_ROWS: R_SUM_ROWS, Op.MEAN: R_MEAN}[node.op]
+    launch_reduce(be.stream, mode, be.view(a, np.float32), be.view(node, np.float32), a, node)
+
+
+@forward(Op.ARGMAX, supports=lambda n: (n.type == Type.I32 and n.src[0].type == F32
+                                        and n.src[0].ne[2] == n.src[0].ne[3] == 1))
+def argmax_op(be, node):
+    a = node.src[0]
+    launch_argmax(be.stream, be.view(a, np.float32), be.view(node, np.int32), a)
 
 
 # -- norms, soft_max, rope -------------------------------------------------------------------------
