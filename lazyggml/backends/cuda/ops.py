@@ -174,10 +174,23 @@ def glu_op(be, node):
         int(gop), va, vg, be.view(node, np.float32), *ne, *sa[1:], *sg[1:], *elem_strides(node)[1:])
 
 
-@forward(Op.DUP, Op.CONT, Op.CPY, supports=lambda n: _all(n, STORE_TYPES))
+def _supports_copy(node):
+    """Float to float (F32, F16, BF16), or a quantized tensor of whole-block rows (a weight) to a
+    contiguous F32 one: dequantized by ``dequant.rows_kernel``."""
+    a = node.src[0]
+    if a.type in QUANT_TYPES:
+        return (node.type == F32 and node.is_contiguous() and a.nb[0] == type_size(a.type)
+                and all(nb % type_size(a.type) == 0 for nb in a.nb))
+    return _all(node, STORE_TYPES)
+
+
+@forward(Op.DUP, Op.CONT, Op.CPY, supports=_supports_copy)
 def copy_op(be, node):
     a = node.src[0]
     ne, me = a.ne, node.ne
+    if a.type in QUANT_TYPES:   # dst is contiguous: a's rows in order, whatever dst's shape
+        launch_dequantize(be.stream, be.view(a, np.uint8), be.view(a, np.float16), be.view(node, np.float32), a)
+        return
     copy[grid_rows(ne), BLOCK, be.stream](
         be.view(a, DTYPE[a.type]), a.type == BF16, be.view(node, DTYPE[node.type]), node.type == BF16, *ne,
         *elem_strides(a), ne == me,
