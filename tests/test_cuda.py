@@ -664,7 +664,7 @@ if CHILD:
             lg.mul_mat(ctx.new_tensor_2d(lg.Q4_K, 256, 4), ctx.new_tensor_2d(lg.F16, 256, 1)),  # F16 src1
             lg.add(ctx.new_tensor_1d(lg.F16, 4), ctx.new_tensor_1d(lg.F16, 4)),
             lg.cpy(ctx.new_tensor_1d(lg.F32, 4), ctx.new_tensor_1d(lg.I32, 4)),
-            lg.diag_mask_inf(ctx.new_tensor_2d(lg.F32, 4, 4), 1),
+            lg.concat(ctx.new_tensor_2d(lg.Q8_0, 32, 2), ctx.new_tensor_2d(lg.Q8_0, 32, 2), 1),   # quantized
         ]
         for t in bad:
             assert not be.device.supports_op(t), t

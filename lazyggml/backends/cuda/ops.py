@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops import (Op, clamp_params, flash_attn_params, glu_params, norm_eps, rope_params, scale_params, soft_max_alibi,
-                    soft_max_params, unary_op)
+from ...ops import (Op, clamp_params, concat_dim, diag_mask_n_past, flash_attn_params, glu_params, norm_eps,
+                    pad_params, rope_params, scale_params, soft_max_alibi, soft_max_params, unary_op)
 from ...tensor import FLAG_OUTPUT
 from ...types import Type, blck_size, is_quantized, type_size
 from .table import forward
@@ -51,7 +51,8 @@ from .quantize import launch_quantize_mmq_q8_1, launch_quantize_q8_1, mmq_q8_1_b
 from .rope import launch_rope
 from .rows import get_rows_f, set_rows
 from .reduce import R_MEAN, R_SUM, R_SUM_ROWS, launch_argmax, launch_reduce
-from .softmax import launch_soft_max
+from .shape import BITS, concat, pad, repeat
+from .softmax import diag_mask_inf, launch_soft_max
 
 F32, F16, BF16 = Type.F32, Type.F16, Type.BF16
 FLOAT_TYPES = (F32, F16)
@@ -195,6 +196,41 @@ def copy_op(be, node):
         be.view(a, DTYPE[a.type]), a.type == BF16, be.view(node, DTYPE[node.type]), node.type == BF16, *ne,
         *elem_strides(a), ne == me,
         me[0], me[1], me[2], *elem_strides(node))
+
+
+# -- shape: REPEAT, PAD, CONCAT (raw bits), DIAG_MASK_INF ------------------------------------------
+def _bits(node):
+    """The view that moves a node's elements (``shape.BITS``), or None: plain types only."""
+    return BITS.get(type_size(node.type)) if node.type in (*STORE_TYPES, Type.I32) else None
+
+
+@forward(Op.REPEAT, Op.PAD, supports=lambda n: n.src[0].type == n.type and _bits(n) is not None)
+def repeat_pad_op(be, node):
+    a = node.src[0]
+    dt = _bits(node)
+    args = (be.view(a, dt), be.view(node, dt), *node.ne, *a.ne, *elem_strides(a), *elem_strides(node))
+    if node.op == Op.REPEAT:
+        repeat[grid_rows(node.ne), BLOCK, be.stream](*args)
+    else:
+        p = pad_params(node)
+        pad[grid_rows(node.ne), BLOCK, be.stream](*args, p.lp0, p.lp1, p.lp2, p.lp3)
+
+
+@forward(Op.CONCAT, supports=lambda n: n.src[0].type == n.src[1].type == n.type and _bits(n) is not None)
+def concat_op(be, node):
+    a, b = node.src[0], node.src[1]
+    dt, dim = _bits(node), concat_dim(node)
+    concat[grid_rows(node.ne), BLOCK, be.stream](
+        be.view(a, dt), be.view(b, dt), be.view(node, dt), dim, a.ne[dim], *node.ne, *elem_strides(a),
+        *elem_strides(b), *elem_strides(node))
+
+
+@forward(Op.DIAG_MASK_INF, supports=lambda n: _all(n, (F32,)) and n.src[0].nb[0] == 4 and n.nb[0] == 4)
+def diag_mask_op(be, node):
+    a = node.src[0]
+    diag_mask_inf[grid_rows(node.ne), BLOCK, be.stream](
+        be.view(a, np.float32), be.view(node, np.float32), diag_mask_n_past(node), *node.ne,
+        *elem_strides(a)[1:], *elem_strides(node)[1:])
 
 
 # -- rows ------------------------------------------------------------------------------------------

@@ -8,6 +8,9 @@ The mask (F32 or F16, rows contiguous) is indexed by the row ``i1`` and broadcas
 ``m1 = 2^(−max_bias/2/n_head_log2)``, computed on the host in float32 as GGML does
 (``ops.soft_max_alibi``, shared by every backend). Three passes over the row: the max, the
 exponentials (kept in dst) and their sum, the division.
+
+DIAG_MASK_INF (``diag_mask_inf``): ``y[.., i1, i0] = -inf`` where ``i0 > n_past + i1``, else ``x``;
+walked as rows (``elementwise.grid_rows``).
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .common import jit_kernel, F32_ONE, F32_ZERO, alibi_slope, block_reduce_max, block_reduce_sum, row_block_size, row_grid
+from .common import (jit_kernel, plane, F32_ONE, F32_ZERO, alibi_slope, block_reduce_max, block_reduce_sum,
+                     row_block_size, row_grid)
 
 
 @jit_kernel(launch_bounds=(1024, 1))   # row_block_size may ask for 1024 threads
@@ -73,3 +77,25 @@ def launch_soft_max(stream, x, mask_view, dst, src, mask, scale, max_bias, alibi
     soft_max[row_grid(nrows), row_block_size(ne[0], nrows), stream](
         x, mask_view, has_mask, dst, ne[0], ne[1], ne[2], nrows, mne[0], mne[1], mne[2], ms[0], ms[1], ms[2],
         np.float32(scale), np.float32(max_bias), alibi.m0, alibi.m1, alibi.n_head_log2, empty_zero)
+
+
+F32_NEG_INF = np.float32(-np.inf)
+
+
+@jit_kernel()
+def diag_mask_inf(x, dst, n_past, ne0, ne1, ne2, ne3, s1, s2, s3, sd1, sd2, sd3):
+    x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    dx = cuda.gridDim.x * cuda.blockDim.x
+    i23 = cuda.blockIdx.z
+    while i23 < ne2 * ne3:
+        i2, i3 = plane(i23, ne2)
+        i1 = cuda.blockIdx.y
+        while i1 < ne1:
+            ra = i1 * s1 + i2 * s2 + i3 * s3
+            rd = i1 * sd1 + i2 * sd2 + i3 * sd3
+            i0 = x0
+            while i0 < ne0:
+                dst[rd + i0] = F32_NEG_INF if i0 > n_past + i1 else x[ra + i0]
+                i0 += dx
+            i1 += cuda.gridDim.y
+        i23 += cuda.gridDim.z
