@@ -660,7 +660,7 @@ if CHILD:
     def test_sim_unsupported_ops_are_refused(be):
         ctx = lg.Context()
         bad = [
-            lg.cpy(ctx.new_tensor_1d(lg.F32, 32), ctx.new_tensor_1d(lg.Q4_0, 32)),   # no quantizing copy
+            lg.cpy(ctx.new_tensor_1d(lg.F32, 256), ctx.new_tensor_1d(lg.Q4_K, 256)),   # no K-quant quantizer
             lg.mul_mat(ctx.new_tensor_2d(lg.Q4_K, 256, 4), ctx.new_tensor_2d(lg.F16, 256, 1)),  # F16 src1
             lg.add(ctx.new_tensor_1d(lg.F16, 4), ctx.new_tensor_1d(lg.F16, 4)),
             lg.cpy(ctx.new_tensor_1d(lg.F32, 4), ctx.new_tensor_1d(lg.I32, 4)),

@@ -51,6 +51,8 @@ from .quantize import launch_quantize_mmq_q8_1, launch_quantize_q8_1, mmq_q8_1_b
 from .rope import launch_rope
 from .rows import get_rows_f, set_rows
 from .reduce import R_MEAN, R_SUM, R_SUM_ROWS, launch_argmax, launch_reduce
+from .setq import QUANTIZE
+from .setq import rows_kernel as quantize_rows_kernel
 from .shape import BITS, concat, pad, repeat
 from .softmax import diag_mask_inf, launch_soft_max
 
@@ -175,10 +177,19 @@ def glu_op(be, node):
         int(gop), va, vg, be.view(node, np.float32), *ne, *sa[1:], *sg[1:], *elem_strides(node)[1:])
 
 
+def _quantizes_rows(node, src):
+    """Can ``setq`` write the float rows ``src`` into ``node``'s quantized rows?"""
+    return (node.type in QUANTIZE and src.type in (F32, F16) and src.nb[0] == type_size(src.type)
+            and src.ne[0] % 32 == 0 and node.nb[0] == type_size(node.type))
+
+
 def _supports_copy(node):
-    """Float to float (F32, F16, BF16), or a quantized tensor of whole-block rows (a weight) to a
-    contiguous F32 one: dequantized by ``dequant.rows_kernel``."""
+    """Float to float (F32, F16, BF16); a quantized tensor of whole-block rows (a weight) to a
+    contiguous F32 one, dequantized by ``dequant.rows_kernel``; float rows into a tensor of the
+    same shape in a type of ``setq.QUANTIZE``."""
     a = node.src[0]
+    if node.type in QUANTIZE:
+        return _quantizes_rows(node, a) and a.ne == node.ne
     if a.type in QUANT_TYPES:
         return (node.type == F32 and node.is_contiguous() and a.nb[0] == type_size(a.type)
                 and all(nb % type_size(a.type) == 0 for nb in a.nb))
@@ -191,6 +202,9 @@ def copy_op(be, node):
     ne, me = a.ne, node.ne
     if a.type in QUANT_TYPES:   # dst is contiguous: a's rows in order, whatever dst's shape
         launch_dequantize(be.stream, be.view(a, np.uint8), be.view(a, np.float16), be.view(node, np.float32), a)
+        return
+    if node.type in QUANTIZE:   # row i1 of a into row i1 of dst
+        _launch_quantize_rows(be, a, None, node)
         return
     copy[grid_rows(ne), BLOCK, be.stream](
         be.view(a, DTYPE[a.type]), a.type == BF16, be.view(node, DTYPE[node.type]), node.type == BF16, *ne,
@@ -256,10 +270,26 @@ def get_rows_op(be, node):
             vi, True, be.view(node, np.float32), *ne, *a.nb[1:], *si, *sd)
 
 
-@forward(Op.SET_ROWS, supports=lambda n: (n.type in STORE_TYPES and n.src[0].type == F32
-                                            and n.src[1].type in (Type.I32, Type.I64)))
+def _launch_quantize_rows(be, x, idx, node):
+    """``setq``'s kernel: rows of the float ``x`` into the quantized ``node``, at the rows ``idx``
+    names (SET_ROWS) or at the same rows (CPY)."""
+    ne = x.ne
+    vi = be.view(x, np.uint8) if idx is None else be.view(idx, DTYPE[idx.type])
+    ni, si = (1, 1), (0, 0, 0)
+    if idx is not None:
+        ni, si = idx.ne[1:3], elem_strides(idx)[:3]
+    quantize_rows_kernel(node.type)[grid_rows((ne[0] // 32, *ne[1:])), BLOCK, be.stream](
+        be.view(x, DTYPE[x.type]), vi, idx is not None, be.view(node, np.uint8), be.view(node, np.float16),
+        type_size(node.type), *ne, *elem_strides(x)[1:], *ni, *si, *node.nb[1:])
+
+
+@forward(Op.SET_ROWS, supports=lambda n: (n.src[0].type == F32 and n.src[1].type in (Type.I32, Type.I64)
+                                            and (n.type in STORE_TYPES or _quantizes_rows(n, n.src[0]))))
 def set_rows_op(be, node):
     b, idx = node.src[0], node.src[1]
+    if node.type in QUANTIZE:
+        _launch_quantize_rows(be, b, idx, node)
+        return
     set_rows[grid_rows(b.ne), BLOCK, be.stream](
         be.view(b, np.float32), be.view(idx, DTYPE[idx.type]), be.view(node, DTYPE[node.type]), node.type == BF16,
         *b.ne,
