@@ -676,8 +676,32 @@ if CHILD:
 
     from lazyggml.op_cases import LIGHT_CASES as CASES, run_case  # noqa: E402 (without the slow products)
 
+    # The catalogue's cases the CUDA backend refuses today, each a gap in its kernels (a model that
+    # needs one runs that node on the CPU): quantizers of the K-quants and IQ4 types, I32 copies and
+    # rows, norms and rows read through permuted views, quantized CONCAT and same-type quantized CPY,
+    # and F32 K/V with a V head size unlike K's in FLASH_ATTN_EXT. Kept as a list rather than skips,
+    # so that a new gap fails and a closed one asks to be struck off.
+    CUDA_GAPS = {
+        "norm(permuted)", "rms_norm(permuted)", "get_rows(permuted rows)",
+        "get_rows(i32, idx i32, short rows)", "get_rows(i32, idx i64, short rows)",
+        *(f"set_rows({t}, idx {i})" for t in ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs")
+          for i in ("i32", "i64")),
+        "set_rows(q4_K, idx i32, broadcast idx)",
+        *(f"cpy(f32 -> {t})" for t in ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs")),
+        "cpy(f32 -> i32, short rows)", "cpy(f32 -> i32, reshaped)", "cpy(i32 -> f32, short rows)",
+        "cpy(i32 -> f32, reshaped)", "cpy(q4_0 -> q4_0)", "concat(dim=1, q8_0)",
+        "flash_attn_ext(d=64, dv=40, n_kv=7, n_q=5, heads=4/4, kv f32, mask None)",
+    }
+
+    def test_sim_cuda_gaps_are_catalogue_cases():
+        assert CUDA_GAPS <= {c.name for c in CASES}
+
     @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
     def test_sim_backend_ops(be, case):
-        """The op-case catalogue on the simulated device (unsupported cases skip)."""
-        if run_case(case, be) == "unsupported":
-            pytest.skip("not supported by the CUDA backend")
+        """The op-case catalogue on the simulated device: every case runs and matches the oracle,
+        but the known gaps (``CUDA_GAPS``), which the backend must refuse rather than compute wrongly."""
+        result = run_case(case, be)
+        if case.name in CUDA_GAPS:
+            assert result == "unsupported", f"{case.name} runs on CUDA now: strike it off CUDA_GAPS"
+        else:
+            assert result != "unsupported", f"{case.name}: the CUDA backend refuses it"
