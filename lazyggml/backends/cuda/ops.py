@@ -250,8 +250,8 @@ def diag_mask_op(be, node):
 # -- rows ------------------------------------------------------------------------------------------
 def _supports_get_rows(node):
     a, idx = node.src[0], node.src[1]
-    return (node.type == F32 and idx.type in (Type.I32, Type.I64) and a.nb[0] == type_size(a.type)
-            and (a.type in STORE_TYPES or a.type in QUANT_TYPES))
+    return node.type == F32 and idx.type in (Type.I32, Type.I64) and (
+        a.type in STORE_TYPES or (a.type in QUANT_TYPES and a.nb[0] == type_size(a.type)))
 
 
 @forward(Op.GET_ROWS, supports=_supports_get_rows)
@@ -263,7 +263,8 @@ def get_rows_op(be, node):
     vi = be.view(idx, DTYPE[idx.type])
     if a.type in STORE_TYPES:
         get_rows_f[grid_rows(ne), BLOCK, be.stream](
-            be.view(a, DTYPE[a.type]), a.type == BF16, vi, be.view(node, np.float32), *ne, *elem_strides(a)[1:], *si, *sd)
+            be.view(a, DTYPE[a.type]), a.type == BF16, vi, be.view(node, np.float32), *ne, *elem_strides(a), *si,
+            *sd)
     else:
         rows_kernel(a.type)[rows_grid(ne), BLOCK, be.stream](
             blck_size(a.type).bit_length() - 1, type_size(a.type), be.view(a, np.uint8), be.view(a, np.float16),

@@ -17,7 +17,7 @@ from .common import bf16_to_float, float_to_bf16, jit_kernel, plane, wrap
 
 
 @jit_kernel()
-def get_rows_f(a, a_bf16, idx, dst, ne0, ne10, ne11, ne12, s01, s02, s03, si0, si1, si2, sd1, sd2, sd3):
+def get_rows_f(a, a_bf16, idx, dst, ne0, ne10, ne11, ne12, s00, s01, s02, s03, si0, si1, si2, sd1, sd2, sd3):
     x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     dx = cuda.gridDim.x * cuda.blockDim.x
     i23 = cuda.blockIdx.z
@@ -29,7 +29,7 @@ def get_rows_f(a, a_bf16, idx, dst, ne0, ne10, ne11, ne12, s01, s02, s03, si0, s
             rd = i10 * sd1 + i11 * sd2 + i12 * sd3
             i0 = x0
             while i0 < ne0:
-                v = a[ra + i0]
+                v = a[ra + i0 * s00]
                 dst[rd + i0] = bf16_to_float(v) if a_bf16 else numba.float32(v)
                 i0 += dx
             i10 += cuda.gridDim.y
