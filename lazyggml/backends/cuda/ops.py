@@ -51,8 +51,7 @@ from .quantize import launch_quantize_mmq_q8_1, launch_quantize_q8_1, mmq_q8_1_b
 from .rope import launch_rope
 from .rows import get_rows_f, set_rows
 from .reduce import R_MEAN, R_SUM, R_SUM_ROWS, launch_argmax, launch_reduce
-from .setq import QUANTIZE
-from .setq import rows_kernel as quantize_rows_kernel
+from .setq import QUANTIZE, rows_kernel as quantize_rows_kernel
 from .shape import BITS, concat, pad, repeat
 from .softmax import diag_mask_inf, launch_soft_max
 
@@ -69,6 +68,13 @@ def elem_strides(t):
     return tuple(nb // e for nb in t.nb)
 
 
+def _packed(t):
+    """Rows of whole elements (whole blocks, for a quantized type) at strides of whole elements: what
+    a typed view of the buffer can index."""
+    size = type_size(t.type)
+    return t.nb[0] == size and all(nb % size == 0 for nb in t.nb)
+
+
 def _all(node, types):
     return all(s.type in types for s in node.src if s is not None) and node.type in types
 
@@ -80,8 +86,7 @@ def _supports_mul_mat(node):
         return False
     if a.type in STORE_TYPES:
         return True
-    bs = type_size(a.type)
-    return a.type in QUANT_TYPES and all(nb % bs == 0 for nb in a.nb) and a.nb[0] == bs
+    return a.type in QUANT_TYPES and _packed(a)
 
 
 @forward(Op.MUL_MAT, supports=_supports_mul_mat)
@@ -191,8 +196,7 @@ def _supports_copy(node):
     if node.type in QUANTIZE:
         return _quantizes_rows(node, a) and a.ne == node.ne
     if a.type in QUANT_TYPES:
-        return (node.type == F32 and node.is_contiguous() and a.nb[0] == type_size(a.type)
-                and all(nb % type_size(a.type) == 0 for nb in a.nb))
+        return node.type == F32 and node.is_contiguous() and _packed(a)
     return _all(node, STORE_TYPES)
 
 
@@ -251,7 +255,7 @@ def diag_mask_op(be, node):
 def _supports_get_rows(node):
     a, idx = node.src[0], node.src[1]
     return node.type == F32 and idx.type in (Type.I32, Type.I64) and (
-        a.type in STORE_TYPES or (a.type in QUANT_TYPES and a.nb[0] == type_size(a.type)))
+        a.type in STORE_TYPES or (a.type in QUANT_TYPES and _packed(a)))
 
 
 @forward(Op.GET_ROWS, supports=_supports_get_rows)
@@ -406,8 +410,7 @@ def rope_op(be, node):
 # -- flash attention -------------------------------------------------------------------------------
 def _supports_fattn(node):
     q, k, v, mask = node.src[:4]
-    packed = all(t.nb[0] == type_size(t.type) and all(nb % type_size(t.type) == 0 for nb in t.nb)
-                 for t in (q, k, v))
+    packed = all(_packed(t) for t in (q, k, v))
     return (node.src[4] is None and q.type == F32 and node.type == F32 and k.type in FLOAT_TYPES
             and v.type == k.type and v.ne[0] == q.ne[0] <= MAX_D and packed and node.is_contiguous()
             and (mask is None or mask.type in FLOAT_TYPES and mask.is_contiguous()))
