@@ -239,7 +239,7 @@ for k in kernels:
 
     @gpu
     @pytest.mark.parametrize("type_name,m,k", [("Q4_K", 4096, 14336), ("Q6_K", 1024, 4096), ("Q8_0", 1024, 4096),
-                                               ("F16", 1024, 4096)])
+                                               ("F16", 1024, 4096), ("BF16", 1024, 4096)])
     @pytest.mark.parametrize("n", [1, 8, 512])
     def test_gpu_mul_mat_real_shapes(cuda_backend, type_name, m, k, n):
         """mmvq (n <= 8), mmq or dequantize+GEMM (n = 512), float kernels: against NumPy and, where

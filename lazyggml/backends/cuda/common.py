@@ -19,8 +19,8 @@ when this module is imported (``SIM``):
   a barrier themselves: kernels call these either from all threads or at their very end.
 
 The int8 tensor-core product ``mma_s8_16x8x32`` (inline PTX, GPU only) serves the fast mmq, and
-the half-precision one ``mma_f16_16x8x16`` (with ``float2_half2`` to pack its operands) the float
-products of many columns.
+the 16-bit float ones ``mma_f16_16x8x16`` and ``mma_bf16_16x8x16`` (with ``float2_half2`` and
+``float2_bf162`` to pack their operands) the float products of many columns.
 
 **Device functions** are declared with ``@device``: inlined into their callers on the GPU; under
 the simulator called as plain Python where they do not touch ``cuda``, because the simulator's own
@@ -219,32 +219,34 @@ if not SIM:
         return sig, codegen
 
 
-    @intrinsic
-    def mma_f16_16x8x16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        """One warp-wide half-precision tensor-core product with a float32 accumulator (PTX
-        ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``, sm_80+): C += A·B, A a 16x16 and B a
-        16x8 tile of halves, C 16x8 floats.
+    def _mma_16x8x16(kind):
+        @intrinsic
+        def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            sig = types.UniTuple(types.float32, 4)(*([types.int32] * 6 + [types.float32] * 4))
 
-        Fragments, with ``g = lane/4`` and ``t = lane%4`` (two halves per int32 register, the lower
-        k first): A: ``a0`` = A[g][2t, 2t+1], ``a1`` = A[g+8][2t, 2t+1], ``a2`` = A[g][8+2t, ..],
-        ``a3`` = A[g+8][8+2t, ..]; B: ``b0`` = B[2t, 2t+1][g], ``b1`` = B[8+2t, ..][g]; C as
-        ``mma_s8_16x8x32``'s: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1], in and out.
-        """
-        sig = types.UniTuple(types.float32, 4)(*([types.int32] * 6 + [types.float32] * 4))
+            def codegen(context, builder, signature, args):
+                i32, f32 = ir.IntType(32), ir.FloatType()
+                fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+                asm = ir.InlineAsm(
+                    fnty, f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 "
+                          "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                    "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+                ins = [context.cast(builder, v, t, types.int32) for v, t in zip(args[:6], signature.args[:6])]
+                ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], signature.args[6:])]
+                res = builder.call(asm, ins)
+                return context.make_tuple(builder, signature.return_type,
+                                          [builder.extract_value(res, i) for i in range(4)])
+            return sig, codegen
+        return mma
 
-        def codegen(context, builder, signature, args):
-            i32, f32 = ir.IntType(32), ir.FloatType()
-            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
-            asm = ir.InlineAsm(
-                fnty, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                      "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
-            ins = [context.cast(builder, v, t, types.int32) for v, t in zip(args[:6], signature.args[:6])]
-            ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], signature.args[6:])]
-            res = builder.call(asm, ins)
-            return context.make_tuple(builder, signature.return_type,
-                                      [builder.extract_value(res, i) for i in range(4)])
-        return sig, codegen
+    # One warp-wide tensor-core product of 16-bit floats with a float32 accumulator (PTX
+    # ``mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}...``, sm_80+): C += A·B, A a 16x16 and B a
+    # 16x8 tile, C 16x8 floats. Fragments, with ``g = lane/4`` and ``t = lane%4`` (two values per
+    # int32 register, the lower k first): A: ``a0`` = A[g][2t, 2t+1], ``a1`` = A[g+8][2t, 2t+1],
+    # ``a2`` = A[g][8+2t, ..], ``a3`` = A[g+8][8+2t, ..]; B: ``b0`` = B[2t, 2t+1][g], ``b1`` =
+    # B[8+2t, ..][g]; C as ``mma_s8_16x8x32``'s: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1], in and out.
+    mma_f16_16x8x16 = _mma_16x8x16("f16")
+    mma_bf16_16x8x16 = _mma_16x8x16("bf16")
 
     @intrinsic
     def float2_half2(typingctx, x, y):
@@ -258,6 +260,19 @@ if not SIM:
                 f = context.cast(builder, args[k], signature.args[k], types.float32)
                 vec = builder.insert_element(vec, builder.fptrunc(f, ir.HalfType()), ir.Constant(ir.IntType(32), k))
             return builder.bitcast(vec, ir.IntType(32))
+        return sig, codegen
+
+    @intrinsic
+    def float2_bf162(typingctx, x, y):
+        """Two float32s rounded to nearest-even bfloat16s and packed in an int32, ``x`` in the low
+        half (PTX ``cvt.rn.bf16x2.f32``, sm_80+, whose first source fills the high half)."""
+        sig = types.int32(types.float32, types.float32)
+
+        def codegen(context, builder, signature, args):
+            i32, f32 = ir.IntType(32), ir.FloatType()
+            asm = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]), "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f")
+            fs = [context.cast(builder, v, t, types.float32) for v, t in zip(args, signature.args)]
+            return builder.call(asm, fs, attrs=("readnone", "nounwind"))
         return sig, codegen
 
 if SIM:

@@ -8,18 +8,21 @@ transposed views (the attention products read the KV cache through them) need no
 * ``mul_mat_vec_f`` (few columns, GGML's mmvf idea): one block of 128 threads (one warp under the
   simulator) per (row, column); each thread strides over k, then a warp reduction and a
   shared-memory step across the warps. Half-width weights (F16, BF16) whose rows are packed and
-  16-byte aligned take ``mul_mat_vec_h`` instead: one block per row for all the columns, so the row
-  is read once, 8 values per thread and step in one 16-byte load (the first kernel read 2 bytes
-  per load and the row once per column: 1.0 TB/s, 3.7x GGML's time on an H200).
+  16-byte aligned, times packed aligned columns, take ``mul_mat_vec_h`` instead: one block per
+  row for all the columns, so the row is read once; per step a thread takes 8 weights in one
+  16-byte load and each column's 8 values in two. On an H200 (m=4096, k=14336, n=1) the first
+  kernel (2-byte loads, the row read once per column) took 115 µs; 16-byte weight loads with
+  scalar column loads 66 µs; with the column's loads 16 bytes wide too, 30 µs, GGML's time:
+  the scalar loads, not the weights, had been the limit.
 * ``mul_mat_f`` (many columns): a classic shared-memory tiled GEMM. A block of 16×16 threads
   computes a 64×64 tile of dst; each k-step stages a 64×16 slab of src0 and of src1 in shared
   memory; thread (tx, ty) owns rows ``tx + 16·i`` and columns ``ty + 16·j`` (i, j < 4), so a
   warp's stores to dst (rows contiguous) coalesce and its reads of the src0 slab are consecutive.
 
-* ``mul_mat_f_mma`` (many columns, F16 src0 with packed rows; GPUs with tensor cores, sm_80+):
-  the product on half-precision tensor cores (``mma.sync.m16n8k16`` with float32 accumulators,
-  ``common.mma_f16_16x8x16``), what GGML gets from cuBLAS for F16 weights: src1 is rounded to
-  F16 as it is staged, as GGML converts it before its GEMM. A block of 8 warps computes a
+* ``mul_mat_f_mma`` (many columns, F16 or BF16 src0 with packed rows; GPUs with tensor cores,
+  sm_80+): the product on 16-bit tensor cores (``mma.sync.m16n8k16`` with float32 accumulators,
+  ``common.mma_f16_16x8x16`` or ``mma_bf16_16x8x16``), what GGML gets from cuBLAS for these
+  weights: src1 is rounded to the weights' type as it is staged, as GGML converts it before its GEMM. A block of 8 warps computes a
   128×64 tile of dst (warp ``w``: rows ``32·(w%4)``, columns ``32·(w/4)``, 2×4 MMA tiles); per
   k-step of 32 it stages 128 src0 rows (16-byte loads of 8 halves) and 64 src1 columns (floats,
   packed to ``half2``) in shared rows of 20 ints, a stride at which the fragment reads of a warp
@@ -79,8 +82,9 @@ def _make_vec_h(ncols):
     NPART = 32 * ncols     # shared sizes must be constants of the closure
 
     @jit_kernel()
-    def mul_mat_vec_h(x32, x_bf16, y, dst, ne00, ne01, s01, s02, s03, s10, s11, s12, s13, ne12, r2, r3):
-        """``mul_mat_vec_f`` for F16 or BF16 (``x_bf16``) rows read as int32 pairs; strides in values."""
+    def mul_mat_vec_h(x32, x_bf16, y32, dst, ne00, ne01, s01, s02, s03, s11, s12, s13, ne12, r2, r3):
+        """``mul_mat_vec_f`` for F16 or BF16 (``x_bf16``) rows and packed F32 columns, both read 16
+        bytes at a time through int32 views; strides in values."""
         row = cuda.blockIdx.x
         i23 = cuda.blockIdx.z
         i2, i3 = plane(i23, ne12)
@@ -93,16 +97,21 @@ def _make_vec_h(ncols):
         k = 8 * tid
         while k < ne00:
             q4 = load_int4(x32, xb + k // 2)
-            for q in range(4):
-                v = q4[q]
-                if x_bf16:
-                    a = int_as_float(np.uint32(v) << np.uint32(16))
-                    b = int_as_float(np.uint32(v) & np.uint32(0xFFFF0000))
-                else:
-                    a, b = half2_float2(v)
-                for c in range(NC):
-                    yo = yb + c * s11 + (k + 2 * q) * s10
-                    acc[c] += a * y[yo] + b * y[yo + s10]
+            for c in range(NC):
+                yo = yb + c * s11 + k
+                y4 = load_int4(y32, yo)
+                y8 = load_int4(y32, yo + 4)
+                t = F32_ZERO
+                for q in range(4):
+                    v = q4[q]
+                    if x_bf16:
+                        a = int_as_float(np.uint32(v) << np.uint32(16))
+                        b = int_as_float(np.uint32(v) & np.uint32(0xFFFF0000))
+                    else:
+                        a, b = half2_float2(v)
+                    yq = y4 if q < 2 else y8
+                    t += a * int_as_float(np.uint32(yq[2 * (q % 2)])) + b * int_as_float(np.uint32(yq[2 * (q % 2) + 1]))
+                acc[c] += t
             k += 8 * cuda.blockDim.x
         # per column: a warp reduction, then one across the warps through shared memory
         part = cuda.shared.array(NPART, numba.float32)
@@ -173,8 +182,11 @@ MMA_NWARPS = 8
 MMA_S = 20        # shared row stride in ints: 16 (32 halves) + 4
 
 
-def _make_mma_kernel():
-    mma, pack = common.mma_f16_16x8x16, common.float2_half2
+def _make_mma_kernel(bf16):
+    if bf16:
+        mma, pack = common.mma_bf16_16x8x16, common.float2_bf162
+    else:
+        mma, pack = common.mma_f16_16x8x16, common.float2_half2
     BM, BN, BK, S = MMA_BM, MMA_BN, MMA_BK, MMA_S
     nthreads = 32 * MMA_NWARPS
     n_as, n_bs = BM * S, BN * S      # shared sizes must be constants of the closure
@@ -268,20 +280,25 @@ def _make_mma_kernel():
     return mul_mat_f_mma
 
 
-_mma_kernel = []
+_mma_kernels = {}   # by "src0 is BF16"
 
 
-def packed16(x, s0, ne0):
-    """Are the half-width rows of ``x`` packed, a multiple of 8 values long and 16-byte aligned?"""
-    if x.dtype.itemsize != 2 or s0[0] != 1 or ne0[0] % 8 or any(s % 8 for s in s0[1:]):
-        return False
+def aligned16(x):
     address = x._ary.ctypes.data if SIM else x.device_ctypes_pointer.value   # the simulator wraps a numpy array
     return address % 16 == 0
 
 
+def packed16(x, s0, ne0):
+    """Are the rows of ``x`` packed, a multiple of 8 values long and 16-byte aligned (8 half-width
+    values or two groups of 4 floats per 16-byte load)?"""
+    per16 = 16 // x.dtype.itemsize
+    return s0[0] == 1 and ne0[0] % 8 == 0 and all(s % per16 == 0 for s in s0[1:]) and aligned16(x)
+
+
 def use_mma(x, s0, ne0):
-    """The tensor-core kernel for an F16 src0 whose rows are packed and 16-byte aligned (sm_80+)."""
-    return tensor_cores() and x.dtype == np.float16 and packed16(x, s0, ne0)
+    """The tensor-core kernel for an F16 or BF16 (uint16 view) src0 whose rows are packed and
+    16-byte aligned (sm_80+)."""
+    return tensor_cores() and x.dtype.itemsize == 2 and packed16(x, s0, ne0)
 
 
 def launch_mul_mat_f(stream, x, s0, ne0, y, src1, dst):
@@ -291,21 +308,22 @@ def launch_mul_mat_f(stream, x, s0, ne0, y, src1, dst):
     ne11, ne12, ne13 = src1.ne[1], src1.ne[2], src1.ne[3]
     s1 = tuple(nb // 4 for nb in src1.nb)
     r2, r3 = ne12 // ne02, ne13 // ne03
-    if ne11 <= MMVF_MAX_COLS and packed16(x, s0, ne0):
+    if ne11 <= MMVF_MAX_COLS and x.dtype.itemsize == 2 and packed16(x, s0, ne0) and packed16(y, s1, src1.ne):
         k = _vec_h.get(ne11)
         if k is None:
             k = _vec_h[ne11] = _make_vec_h(ne11)
         k[(ne01, 1, ne12 * ne13), MMVF_THREADS, stream](
-            x[:x.size - x.size % 2].view(np.int32), x.dtype == np.uint16, y, dst, ne00, ne01, *s0[1:], *s1, ne12,
-            r2, r3)
+            x[:x.size - x.size % 2].view(np.int32), x.dtype == np.uint16, y.view(np.int32), dst, ne00, ne01,
+            *s0[1:], *s1[1:], ne12, r2, r3)
     elif ne11 <= MMVF_MAX_COLS:
         mul_mat_vec_f[(ne01, ne11, ne12 * ne13), MMVF_THREADS, stream](
             x, x.dtype == np.uint16, y, dst, ne00, ne01, *s0, *s1, ne12, r2, r3)
     elif use_mma(x, s0, ne0):
-        if not _mma_kernel:
-            _mma_kernel.append(_make_mma_kernel())
+        bf16 = x.dtype == np.uint16
+        if bf16 not in _mma_kernels:
+            _mma_kernels[bf16] = _make_mma_kernel(bf16)
         x32 = x[:x.size - x.size % 2].view(np.int32)
-        _mma_kernel[0][(cdiv(ne01, MMA_BM), cdiv(ne11, MMA_BN), ne12 * ne13), (32, MMA_NWARPS), stream](
+        _mma_kernels[bf16][(cdiv(ne01, MMA_BM), cdiv(ne11, MMA_BN), ne12 * ne13), (32, MMA_NWARPS), stream](
             x32, y, dst, ne00, ne01, ne11, *s0[1:], *s1, ne12, r2, r3)
     else:
         mul_mat_f[(cdiv(ne01, TILE), cdiv(ne11, TILE), ne12 * ne13), (16, 16), stream](

@@ -15,9 +15,10 @@ MUL_MAT picks its kernel as below: Q4_K as GGML's ``ggml_cuda_mul_mat`` does for
 * any other quantized src0 with more columns (or a view that mmvq cannot read, below): dequantize
   src0 to F16 scratch (F32 without tensor cores), then the float kernels (GGML's dequantize +
   cuBLAS path);
-* src0 F32/F16: ``mul_mat_vec_f`` up to 8 columns, else the tensor-core ``mul_mat_f_mma`` for F16
-  with packed rows, the tiled ``mul_mat_f`` otherwise; BF16 likewise (``mul_mat_vec_f`` reads it
-  through a uint16 view), copied to F32 scratch first for more columns.
+* src0 F32/F16/BF16 (BF16 read through a uint16 view): the mat-vec kernels up to 8 columns, else
+  the tensor-core ``mul_mat_f_mma`` for F16 and BF16 with packed rows (src1 rounded to the weights'
+  type, as GGML's cuBLAS path does), the tiled ``mul_mat_f`` otherwise, for which a BF16 src0 is
+  copied to F32 scratch first.
 
 Fusion (``fuse``, applied once per graph by the backend): RMS_NORM or NORM followed by the MUL
 of its result by a weight row is one launch, and so is an ADD whose sum that norm normalises
@@ -43,7 +44,7 @@ from .dequant import QUANT_TYPES, launch_dequantize, rows_grid, rows_kernel
 from .fattn import MAX_D, launch_fattn
 from .elementwise import (BINARY_CODE, BLOCK, GLU_OPS, UNARY_CODE, UNARY_OPS, binary, copy, glu, grid_rows, scale,
                           unary)
-from .matmul import MMVF_MAX_COLS, launch_mul_mat_f
+from .matmul import MMVF_MAX_COLS, launch_mul_mat_f, use_mma
 from .mmq import launch_mmq
 from .mmvq import ALIGN, MMVQ_MAX_BATCH_SIZE, VEC_DOT, launch_mmvq
 from .norm import launch_norm
@@ -121,7 +122,8 @@ def mul_mat(be, node):
         launch_dequantize(s, be.view(a, np.uint8), be.view(a, np.float16), x, a)
         ne = a.ne
         launch_mul_mat_f(s, x, (1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2]), ne, y, b, dst)
-    elif a.type == BF16 and ncols > MMVF_MAX_COLS:    # to F32 for the tiled product
+    elif a.type == BF16 and ncols > MMVF_MAX_COLS and not use_mma(be.view(a, np.uint16), elem_strides(a), a.ne):
+        # to F32 for the tiled product
         x = be.scratch("dequant", 4 * a.nelements(), np.float32)
         ne = a.ne
         s0 = (1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2])
