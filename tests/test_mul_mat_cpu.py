@@ -391,16 +391,20 @@ def test_dispatch_has_every_type_of_the_table():
 # The portable path: a fresh interpreter with AVX2 (indeed all AVX) switched off
 # ----------------------------------------------------------------------------------------------
 
-_CHILD = textwrap.dedent("""
+_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q2_K", "Q3_K")
+_CHILD = f"TYPES = {_TYPES!r}\n" + textwrap.dedent("""
     import json, sys
     import numpy as np
     from lazyggml.backends.cpu import simd, vec_dot as V, matmul as M
     from lazyggml.backends.cpu.traits import get_type_traits_cpu
     from lazyggml.types import Type
-    assert simd.ISA == "portable" and not simd.HAVE_AVX2 and not simd.HAVE_F16C, simd.ISA
+    if sys.argv[2] == "portable":
+        assert simd.ISA == "portable" and not simd.HAVE_AVX2 and not simd.HAVE_F16C, simd.ISA
+    else:
+        assert simd.HAVE_AVX2 and not simd.HAVE_GFNI, simd.ISA
     d = np.load(sys.argv[1])
     out = {}
-    for name in ("Q4_K", "Q6_K", "Q8_0"):
+    for name in TYPES:
         t = Type[name]
         tr = get_type_traits_cpu(t)
         out[name] = float(tr.vec_dot(int(d["n"]), d[name + "_x"], d[name + "_y"]))
@@ -429,12 +433,22 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def test_portable_simd_path(tmp_path):
+def _features_without_gfni():
+    from numba.core.codegen import get_host_cpu_features
+    return get_host_cpu_features().replace("+gfni", "-gfni")
+
+
+@pytest.mark.parametrize("path", ["portable", "avx2-without-gfni"])
+def test_portable_simd_path(tmp_path, path):
+    """The kernels compiled without AVX at all, and with AVX2 but without GFNI (``crumb``'s other
+    body), in a fresh interpreter: the same results as this process's."""
+    if path != "portable" and not simd.HAVE_AVX2:
+        pytest.skip("this CPU has no AVX2")
     rng = np.random.default_rng(9)
     n = 512
     data = {"n": np.int64(n)}
     expect = {}
-    for name in ("Q4_K", "Q6_K", "Q8_0"):
+    for name in _TYPES:
         t = Type[name]
         x = random_blocks(rng, t, n)
         _, y = activation_row(rng, t, n)
@@ -454,15 +468,18 @@ def test_portable_simd_path(tmp_path):
     np.savez(tmp_path / "in.npz", **data)
     # its own kernel cache, so the portable build never replaces the main one
     cache = str(tmp_path / "numba_cache")
-    env = dict(os.environ, LAZYGGML_SIMD="portable", NUMBA_ENABLE_AVX="0", NUMBA_CACHE_DIR=cache,
-               LAZYGGML_CACHE_DIR=cache)
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, LAZYGGML_CACHE_DIR=cache)
+    if path == "portable":
+        env.update(LAZYGGML_SIMD="portable", NUMBA_ENABLE_AVX="0")
+    else:
+        env.update(NUMBA_CPU_FEATURES=_features_without_gfni())
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "in.npz")], env=env,
+    res = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "in.npz"), path], env=env,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
-    for name in ("Q4_K", "Q6_K", "Q8_0"):
+    for name in _TYPES:
         # integer parts are exact; float lanes may round differently without FMA hardware
         assert abs(got[name] - expect[name]) <= 1e-5 * max(1.0, abs(expect[name])), name
     assert np.allclose(got["cols"], expect["cols"], rtol=1e-5, atol=1e-5)

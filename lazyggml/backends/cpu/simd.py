@@ -77,6 +77,8 @@ HAVE_AVX2 = _REQUEST == "auto" and "avx2" in _FEATURES
 HAVE_F16C = _REQUEST == "auto" and "f16c" in _FEATURES and "avx" in _FEATURES
 #: True when ``madd_acc`` can use AVX-512 VNNI's ``vpdpwssd`` on 256-bit registers.
 HAVE_VNNI = HAVE_AVX2 and "avx512vnni" in _FEATURES and "avx512vl" in _FEATURES
+#: True when ``crumb`` can use GFNI's ``vgf2p8affineqb`` (a shift and a mask of bytes in one instruction).
+HAVE_GFNI = HAVE_AVX2 and "gfni" in _FEATURES
 #: "avx2", "avx2+vnni" or "portable": printed by benchmarks and tests.
 ISA = ("avx2+vnni" if HAVE_VNNI else "avx2") if HAVE_AVX2 else "portable"
 # ---------------------------------------------------------------------------------------------------
@@ -443,6 +445,63 @@ def bcast_pair16(typingctx, a, lane):
         return builder.shuffle_vector(v, v, _const_mask([0] * 8 + [1] * 8))
 
     return i16x16(a, lane), codegen
+
+
+@intrinsic
+def bcast_half(typingctx, a, h):
+    """``<16 x i16>`` whose two 128-bit halves are both half ``h`` (a literal 0 or 1) of ``a``
+    (``vpermq``; GGML's ``_mm256_broadcastsi128_si256(_mm256_extracti128_si256(a, h))``)."""
+    if not (a == i16x16 and isinstance(h, types.IntegerLiteral)):
+        return None
+    first = 8 * h.literal_value
+
+    def codegen(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[0], _const_mask(list(range(first, first + 8)) * 2))
+
+    return i16x16(a, h), codegen
+
+
+@intrinsic
+def pair16(typingctx, a, j):
+    """``<16 x i16>`` whose low 8 lanes are lane ``j`` (a literal 0..6) of ``a`` and whose high 8
+    are lane ``9 + j``: with ``a = bcast_half(scales, h)``, sub-block scales ``8h + j`` and
+    ``8h + j + 1``, as ``bcast_pair16`` gives them. It is one ``vpshufb`` within 128-bit lanes
+    (GGML's ``get_scale_shuffle_q3k``), where ``bcast_pair16``'s shuffle of the whole vector costs
+    LLVM a byte shuffle and a widening per pair; the AVX2 instruction is called directly so that
+    LLVM does not fold it back into that."""
+    if not (a == i16x16 and isinstance(j, types.IntegerLiteral)):
+        return None
+    jj = j.literal_value
+
+    def codegen(context, builder, sig, args):
+        if not HAVE_AVX2:
+            return builder.shuffle_vector(args[0], args[0], _const_mask([jj] * 8 + [9 + jj] * 8))
+        mask = ir.Constant(i8x32.llvm_type(), [2 * jj, 2 * jj + 1] * 8 + [2 * jj + 2, 2 * jj + 3] * 8)
+        b = _call(builder, "llvm.x86.avx2.pshuf.b", i8x32.llvm_type(), [builder.bitcast(args[0], i8x32.llvm_type()), mask])
+        return builder.bitcast(b, i16x16.llvm_type())
+
+    return i16x16(a, j), codegen
+
+
+@intrinsic
+def crumb(typingctx, a, k):
+    """Bits ``k`` and ``k + 1`` (``k`` a literal 0..6) of every byte of ``<32 x i8>`` ``a``, as 0..3:
+    ``(a >> k) & 3``, GGML's ``_mm256_srli_epi16`` + ``and`` for 2-bit quants. With GFNI one
+    ``vgf2p8affineqb``: output bit i of a byte is the parity of (its matrix row 7 - i AND the
+    byte), so rows 7 and 6 pick bits k and k + 1 and the other rows are zero."""
+    if not (a == i8x32 and isinstance(k, types.IntegerLiteral)):
+        return None
+    kk = k.literal_value
+
+    def codegen(context, builder, sig, args):
+        lt = i8x32.llvm_type()
+        if not HAVE_GFNI:
+            return builder.and_(builder.lshr(args[0], ir.Constant(lt, [kk] * 32)), ir.Constant(lt, [3] * 32))
+        rows = [0] * 6 + [1 << (kk + 1), 1 << kk]    # matrix bytes 0..7 of each qword
+        return _call(builder, "llvm.x86.vgf2p8affineqb.256", lt,
+                     [args[0], ir.Constant(lt, rows * 4), ir.Constant(ir.IntType(8), 0)])
+
+    return a(a, k), codegen
 
 
 @intrinsic

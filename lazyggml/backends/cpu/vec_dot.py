@@ -44,10 +44,10 @@ from ...types import KVALUES_IQ4NL
 from . import quant, simd
 from .quant import TABLE_F32_F16 as _F16
 from .quant import fp32_to_fp16 as _fp32_to_fp16
-from .simd import (bcast_lane, bcast_pair16, bf16x8_to_f32, bits_to_bytes, concat, dot4_acc, f16x8_to_f32,
-                   fma, hadd_pairs, hi_half, lookup16, hsum_f32x4, hsum_f32x8, lo_half, load_f32, load_f32x8,
-                   load_i16x8, load_i16x16, load_i8x16, load_i8x32, load_u16, load_u32, madd, madd_acc,
-                   maddubs, sext, splat_f32x4, splat_f32x8, splat_i8x32, splat_i32x8, store_f32x8, to_f32,
+from .simd import (bcast_half, bcast_lane, bcast_pair16, bf16x8_to_f32, bits_to_bytes, concat, crumb, dot4_acc,
+                   f16x8_to_f32, fma, hadd_pairs, hi_half, lookup16, hsum_f32x4, hsum_f32x8, lo_half, load_f32,
+                   load_f32x8, load_i16x8, load_i16x16, load_i8x16, load_i8x32, load_u16, load_u32, madd, madd_acc,
+                   maddubs, pair16, sext, splat_f32x4, splat_f32x8, splat_i8x32, splat_i32x8, store_f32x8, to_f32,
                    u32x4_to_i8x16, vabs, vadd, vand, vor, vsign, vsll, vsrl, vsub, zext)
 
 QK_K = 256
@@ -1033,7 +1033,8 @@ def dot_cols_q5_1_q8_1(n, x, y, yo, ycs, ybs, nc, acc, out):
 # ------------------------------------------------------------------------------------------------
 # Q2_K x Q8_K and Q3_K x Q8_K: GGML's AVX2 kernels. Per 32 quants of sub-block pair (2s, 2s+1):
 # maddubs (unsigned 2-bit quants x signed activations) to 16 int16 pair sums, then madd with the
-# pair's two scales (8 lanes each), into 8 int32 lanes; one FMA per super-block. Q2_K's mins go
+# pair's two scales (8 lanes each, ``pair16`` of the half's scales), into 8 int32 lanes; one FMA
+# per super-block. The 2-bit planes are ``crumb``s (one instruction each with GFNI). Q2_K's mins go
 # through the activations' bsums (dmin·Σ min_s·bsum_s, one FMA before the quants'); Q3_K's third
 # bit subtracts 4 where its hmask bit is clear, and its 6-bit scales are stored minus 32.
 # ------------------------------------------------------------------------------------------------
@@ -1041,93 +1042,10 @@ Q2_K_SIZE, Q3_K_SIZE = 84, 110
 
 
 @njit(inline="always")
-def _k2_pair(q, hi, q8, scales, s):
-    """madd(scales of sub-blocks s, s+1; maddubs(q, q8) − maddubs(hi, q8)) as 8 int32 lanes."""
-    p = maddubs(q, q8)
-    if hi is not None:
-        p = vsub(p, maddubs(hi, q8))
-    return madd(bcast_pair16(scales, s), p)
-
-
-@njit(inline="always")
-def _q2_K_half(x, qo, y, yo, scales, s0):
-    """128 quants (32 bytes of 2-bit fields at ``qo``) against their 128 activations."""
-    m3 = splat_i8x32(3)
-    q2 = load_i8x32(x, qo)
-    p0 = _k2_pair(vand(q2, m3), None, load_i8x32(y, yo), scales, s0)
-    p1 = _k2_pair(vand(vsrl(q2, 2), m3), None, load_i8x32(y, yo + 32), scales, s0 + 2)
-    p2 = _k2_pair(vand(vsrl(q2, 4), m3), None, load_i8x32(y, yo + 64), scales, s0 + 4)
-    p3 = _k2_pair(vand(vsrl(q2, 6), m3), None, load_i8x32(y, yo + 96), scales, s0 + 6)
-    return vadd(vadd(p0, p1), vadd(p2, p3))
-
-
-@_fast
-def dot_q2_K_q8_K(n, x, y, yo):
-    """GGML's AVX2 ggml_vec_dot_q2_K_q8_K."""
-    acc = splat_f32x8(0.0)
-    m4 = simd.splat_i8x16(0xF)
-    for i in range(n // QK_K):
-        xb = i * Q2_K_SIZE
-        yb = yo + i * Q8_K_SIZE
-        yd = load_f32(y, yb)
-        d = yd * _F16[load_u16(x, xb + 80)]
-        dmin = -yd * _F16[load_u16(x, xb + 82)]
-        ms = load_i8x16(x, xb)
-        scales = sext(vand(ms, m4))
-        prod = madd(sext(vand(vsrl(ms, 4), m4)), load_i16x16(y, yb + 4 + QK_K))
-        acc = fma(splat_f32x8(dmin), to_f32(prod), acc)
-        sumi = vadd(_q2_K_half(x, xb + 16, y, yb + 4, scales, 0), _q2_K_half(x, xb + 48, y, yb + 132, scales, 8))
-        acc = fma(splat_f32x8(d), to_f32(sumi), acc)
-    return hsum_f32x8(acc)
-
-
-@njit(inline="always")
-def _q3_K_half(x, qo, hb, y, yo, scales, s0):
-    """Q2_K's half with the third bit: ``hb``'s bits 0-3 (clear: −4) belong to the four 32-quant runs."""
-    m3 = splat_i8x32(3)
-    one = splat_i8x32(1)
-    q3 = load_i8x32(x, qo)
-    p0 = _k2_pair(vand(q3, m3), vsll(vsub(one, vand(hb, one)), 2), load_i8x32(y, yo), scales, s0)
-    p1 = _k2_pair(vand(vsrl(q3, 2), m3), vsll(vsub(one, vand(vsrl(hb, 1), one)), 2), load_i8x32(y, yo + 32),
-                  scales, s0 + 2)
-    p2 = _k2_pair(vand(vsrl(q3, 4), m3), vsll(vsub(one, vand(vsrl(hb, 2), one)), 2), load_i8x32(y, yo + 64),
-                  scales, s0 + 4)
-    p3 = _k2_pair(vand(vsrl(q3, 6), m3), vsll(vsub(one, vand(vsrl(hb, 3), one)), 2), load_i8x32(y, yo + 96),
-                  scales, s0 + 6)
-    return vadd(vadd(p0, p1), vadd(p2, p3))
-
-
-@_fast
-def dot_q3_K_q8_K(n, x, y, yo):
-    """GGML's AVX2 ggml_vec_dot_q3_K_q8_K."""
-    acc = splat_f32x8(0.0)
-    for i in range(n // QK_K):
-        xb = i * Q3_K_SIZE
-        yb = yo + i * Q8_K_SIZE
-        d = load_f32(y, yb) * _F16[load_u16(x, xb + 108)]
-        a0, a1, a2 = load_u32(x, xb + 96), load_u32(x, xb + 100), load_u32(x, xb + 104)
-        k2, k1 = 0x0F0F0F0F, 0x03030303
-        sc = u32x4_to_i8x16((a0 & k2) | ((a2 & k1) << 4), (a1 & k2) | (((a2 >> 2) & k1) << 4),
-                            ((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4), ((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4))
-        scales = sext(vsub(sc, simd.splat_i8x16(32)))
-        hb = load_i8x32(x, xb)
-        sumi = vadd(_q3_K_half(x, xb + 32, hb, y, yb + 4, scales, 0),
-                    _q3_K_half(x, xb + 64, vsrl(hb, 4), y, yb + 132, scales, 8))
-        acc = fma(splat_f32x8(d), to_f32(sumi), acc)
-    return hsum_f32x8(acc)
-
-
-@_fast
-def vec_dot_q2_K_q8_K(n, x, y):
-    return dot_q2_K_q8_K(n, x, y, n - n)  # a non-literal 0: the matmul's specialization
-
-
-@njit(inline="always")
 def _crumbs(x, qo):
     """The four 2-bit planes of 32 quant bytes: runs 0..3 of a 128-value half."""
-    m3 = splat_i8x32(3)
     q = load_i8x32(x, qo)
-    return vand(q, m3), vand(vsrl(q, 2), m3), vand(vsrl(q, 4), m3), vand(vsrl(q, 6), m3)
+    return vand(q, splat_i8x32(3)), crumb(q, 2), crumb(q, 4), crumb(q, 6)
 
 
 @njit(inline="always")
@@ -1146,18 +1064,78 @@ def _q3_hi(hb, k):
 
 
 @njit(inline="always")
-def _k23_half_cols(c0, c1, c2, c3, hb, q3, y, yo, scales, s0):
+def _k2_run(q, hi, q8):
+    """maddubs(q, q8) − maddubs(hi, q8): 32 quants against their activations, as 16 int16 pair sums."""
+    p = maddubs(q, q8)
+    if hi is not None:
+        p = vsub(p, maddubs(hi, q8))
+    return p
+
+
+@njit(inline="always")
+def _k23_half(c0, c1, c2, c3, hb, q3, y, yo, sc):
     """One 128-quant half of a Q2_K/Q3_K block, its four 2-bit planes ``c0..c3`` (and for Q3_K the
-    hmask bits ``hb``) unpacked once, against one column's 128 activations at ``yo``; the scales
-    of sub-block pairs ``s0 ..``."""
+    hmask bits ``hb``) against the 128 activations at ``yo``, as 8 int32 lanes; ``sc`` is
+    ``bcast_half`` of the half's 8 sub-block scales (int16)."""
     h0 = _q3_hi(hb, 0) if q3 else None
     h1 = _q3_hi(hb, 1) if q3 else None
     h2 = _q3_hi(hb, 2) if q3 else None
     h3 = _q3_hi(hb, 3) if q3 else None
-    return vadd(vadd(_k2_pair(c0, h0, load_i8x32(y, yo), scales, s0),
-                     _k2_pair(c1, h1, load_i8x32(y, yo + 32), scales, s0 + 2)),
-                vadd(_k2_pair(c2, h2, load_i8x32(y, yo + 64), scales, s0 + 4),
-                     _k2_pair(c3, h3, load_i8x32(y, yo + 96), scales, s0 + 6)))
+    return vadd(vadd(madd(pair16(sc, 0), _k2_run(c0, h0, load_i8x32(y, yo))),
+                     madd(pair16(sc, 2), _k2_run(c1, h1, load_i8x32(y, yo + 32)))),
+                vadd(madd(pair16(sc, 4), _k2_run(c2, h2, load_i8x32(y, yo + 64))),
+                     madd(pair16(sc, 6), _k2_run(c3, h3, load_i8x32(y, yo + 96)))))
+
+
+@_fast
+def dot_q2_K_q8_K(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_q2_K_q8_K."""
+    acc = splat_f32x8(0.0)
+    m4 = simd.splat_i8x16(0xF)
+    for i in range(n // QK_K):
+        xb = i * Q2_K_SIZE
+        yb = yo + i * Q8_K_SIZE
+        yd = load_f32(y, yb)
+        d = yd * _F16[load_u16(x, xb + 80)]
+        dmin = -yd * _F16[load_u16(x, xb + 82)]
+        ms = load_i8x16(x, xb)
+        scales = sext(vand(ms, m4))
+        prod = madd(sext(vand(vsrl(ms, 4), m4)), load_i16x16(y, yb + 4 + QK_K))
+        acc = fma(splat_f32x8(dmin), to_f32(prod), acc)
+        c0, c1, c2, c3 = _crumbs(x, xb + 16)
+        c4, c5, c6, c7 = _crumbs(x, xb + 48)
+        none = splat_i8x32(0)
+        sumi = vadd(_k23_half(c0, c1, c2, c3, none, False, y, yb + 4, bcast_half(scales, 0)),
+                    _k23_half(c4, c5, c6, c7, none, False, y, yb + 132, bcast_half(scales, 1)))
+        acc = fma(splat_f32x8(d), to_f32(sumi), acc)
+    return hsum_f32x8(acc)
+
+
+@_fast
+def dot_q3_K_q8_K(n, x, y, yo):
+    """GGML's AVX2 ggml_vec_dot_q3_K_q8_K."""
+    acc = splat_f32x8(0.0)
+    for i in range(n // QK_K):
+        xb = i * Q3_K_SIZE
+        yb = yo + i * Q8_K_SIZE
+        d = load_f32(y, yb) * _F16[load_u16(x, xb + 108)]
+        a0, a1, a2 = load_u32(x, xb + 96), load_u32(x, xb + 100), load_u32(x, xb + 104)
+        k2, k1 = 0x0F0F0F0F, 0x03030303
+        sc = u32x4_to_i8x16((a0 & k2) | ((a2 & k1) << 4), (a1 & k2) | (((a2 >> 2) & k1) << 4),
+                            ((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4), ((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4))
+        scales = sext(vsub(sc, simd.splat_i8x16(32)))
+        hb = load_i8x32(x, xb)
+        c0, c1, c2, c3 = _crumbs(x, xb + 32)
+        c4, c5, c6, c7 = _crumbs(x, xb + 64)
+        sumi = vadd(_k23_half(c0, c1, c2, c3, hb, True, y, yb + 4, bcast_half(scales, 0)),
+                    _k23_half(c4, c5, c6, c7, vsrl(hb, 4), True, y, yb + 132, bcast_half(scales, 1)))
+        acc = fma(splat_f32x8(d), to_f32(sumi), acc)
+    return hsum_f32x8(acc)
+
+
+@_fast
+def vec_dot_q2_K_q8_K(n, x, y):
+    return dot_q2_K_q8_K(n, x, y, n - n)  # a non-literal 0: the matmul's specialization
 
 
 @njit(inline="always")
@@ -1195,6 +1173,7 @@ def _k23_cols(n, x, y, yo, ycs, ybs, nc, acc, out, q3):
             hb0 = hb1 = splat_i8x32(0)
             c0, c1, c2, c3 = _crumbs(x, xb + 16)
             c4, c5, c6, c7 = _crumbs(x, xb + 48)
+        sc0, sc1 = bcast_half(scales, 0), bcast_half(scales, 1)
         for c in range(nc):
             yb = yo + c * ycs + i * ybs
             yd = load_f32(y, yb)
@@ -1202,8 +1181,8 @@ def _k23_cols(n, x, y, yo, ycs, ybs, nc, acc, out, q3):
             if not q3:
                 prod = madd(mins, load_i16x16(y, yb + 4 + QK_K))
                 a = fma(splat_f32x8(-yd * xdmin), to_f32(prod), a)
-            s0 = _k23_half_cols(c0, c1, c2, c3, hb0, q3, y, yb + 4, scales, 0)
-            s1 = _k23_half_cols(c4, c5, c6, c7, hb1, q3, y, yb + 132, scales, 8)
+            s0 = _k23_half(c0, c1, c2, c3, hb0, q3, y, yb + 4, sc0)
+            s1 = _k23_half(c4, c5, c6, c7, hb1, q3, y, yb + 132, sc1)
             a = fma(splat_f32x8(yd * xd), to_f32(vadd(s0, s1)), a)
             store_f32x8(acc, 4 * ACC_PER_COL * c, a)
     for c in range(nc):
