@@ -411,43 +411,6 @@ def concat(typingctx, lo, hi):
 
 
 @intrinsic
-def bcast_lane(typingctx, a, lane):
-    """Every lane of the result = lane ``lane`` of ``a``; ``lane`` must be a compile-time constant
-    after inlining/unrolling (``vpshufb``/``vpbroadcastw``; GGML's ``get_scale_shuffle_k4``)."""
-    if not (isinstance(a, Vec) and isinstance(lane, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        idx = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), _I32)
-        x = builder.extract_element(args[0], idx)
-        lt = sig.args[0].llvm_type()
-        v = builder.insert_element(ir.Constant(lt, ir.Undefined), x, ir.Constant(_I32, 0))
-        return builder.shuffle_vector(v, v, _const_mask([0] * lt.count))
-
-    return a(a, lane), codegen
-
-
-@intrinsic
-def bcast_pair16(typingctx, a, lane):
-    """``<16 x i16>`` whose low 8 lanes are lane ``lane`` of the 16-lane ``a`` and whose high 8 lanes
-    are lane ``lane + 1``: the two sub-block scales of Q6_K for one 32-byte half (GGML's
-    ``get_scale_shuffle``). ``lane`` must fold to a constant."""
-    if not (a == i16x16 and isinstance(lane, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        idx = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), _I32)
-        x0 = builder.extract_element(args[0], idx)
-        x1 = builder.extract_element(args[0], builder.add(idx, ir.Constant(_I32, 1)))
-        lt = i16x16.llvm_type()
-        v = builder.insert_element(ir.Constant(lt, ir.Undefined), x0, ir.Constant(_I32, 0))
-        v = builder.insert_element(v, x1, ir.Constant(_I32, 1))
-        return builder.shuffle_vector(v, v, _const_mask([0] * 8 + [1] * 8))
-
-    return i16x16(a, lane), codegen
-
-
-@intrinsic
 def bcast_half(typingctx, a, h):
     """``<16 x i16>`` whose two 128-bit halves are both half ``h`` (a literal 0 or 1) of ``a``
     (``vpermq``; GGML's ``_mm256_broadcastsi128_si256(_mm256_extracti128_si256(a, h))``)."""
@@ -462,25 +425,27 @@ def bcast_half(typingctx, a, h):
 
 
 @intrinsic
-def pair16(typingctx, a, j):
-    """``<16 x i16>`` whose low 8 lanes are lane ``j`` (a literal 0..6) of ``a`` and whose high 8
-    are lane ``9 + j``: with ``a = bcast_half(scales, h)``, sub-block scales ``8h + j`` and
-    ``8h + j + 1``, as ``bcast_pair16`` gives them. It is one ``vpshufb`` within 128-bit lanes
-    (GGML's ``get_scale_shuffle_q3k``), where ``bcast_pair16``'s shuffle of the whole vector costs
-    LLVM a byte shuffle and a widening per pair; the AVX2 instruction is called directly so that
-    LLVM does not fold it back into that."""
-    if not (a == i16x16 and isinstance(j, types.IntegerLiteral)):
+def pick16(typingctx, a, j, k):
+    """``<16 x i16>`` whose low 8 lanes are lane ``j`` of ``a`` and whose high 8 are lane ``8 + k``
+    (``j``, ``k`` literals 0..7): one ``vpshufb`` within 128-bit lanes. With ``a = bcast_half(s, h)``
+    (both halves hold scales ``8h .. 8h+7``), ``pick16(a, j, j + 1)`` gives sub-block scales
+    ``8h + j`` and ``8h + j + 1`` (GGML's ``get_scale_shuffle_q3k``) and ``pick16(a, j, j)`` scale
+    ``8h + j`` in every lane (``get_scale_shuffle_k4``). Written as a plain shuffle of the 16
+    scales, LLVM combined it with the scales' widening into a byte permute per use (``vpermt2b``,
+    or ``vpshufb`` + ``vpmovzxbw``: 76 instructions per Q2_K super-block where GGML's AVX2 code
+    has about 66); the AVX2 instruction is called directly so that it stays one ``vpshufb``."""
+    if not (a == i16x16 and isinstance(j, types.IntegerLiteral) and isinstance(k, types.IntegerLiteral)):
         return None
-    jj = j.literal_value
+    jj, kk = j.literal_value, k.literal_value
 
     def codegen(context, builder, sig, args):
         if not HAVE_AVX2:
-            return builder.shuffle_vector(args[0], args[0], _const_mask([jj] * 8 + [9 + jj] * 8))
-        mask = ir.Constant(i8x32.llvm_type(), [2 * jj, 2 * jj + 1] * 8 + [2 * jj + 2, 2 * jj + 3] * 8)
+            return builder.shuffle_vector(args[0], args[0], _const_mask([jj] * 8 + [8 + kk] * 8))
+        mask = ir.Constant(i8x32.llvm_type(), [2 * jj, 2 * jj + 1] * 8 + [2 * kk, 2 * kk + 1] * 8)
         b = _call(builder, "llvm.x86.avx2.pshuf.b", i8x32.llvm_type(), [builder.bitcast(args[0], i8x32.llvm_type()), mask])
         return builder.bitcast(b, i16x16.llvm_type())
 
-    return i16x16(a, j), codegen
+    return i16x16(a, j, k), codegen
 
 
 @intrinsic

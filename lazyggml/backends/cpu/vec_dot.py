@@ -44,10 +44,10 @@ from ...types import KVALUES_IQ4NL
 from . import quant, simd
 from .quant import TABLE_F32_F16 as _F16
 from .quant import fp32_to_fp16 as _fp32_to_fp16
-from .simd import (bcast_half, bcast_lane, bcast_pair16, bf16x8_to_f32, bits_to_bytes, concat, crumb, dot4_acc,
+from .simd import (bcast_half, bf16x8_to_f32, bits_to_bytes, concat, crumb, dot4_acc,
                    f16x8_to_f32, fma, hadd_pairs, hi_half, lookup16, hsum_f32x4, hsum_f32x8, lo_half, load_f32,
                    load_f32x8, load_i16x8, load_i16x16, load_i8x16, load_i8x32, load_u16, load_u32, madd, madd_acc,
-                   maddubs, pair16, sext, splat_f32x4, splat_f32x8, splat_i8x32, splat_i32x8, store_f32x8, to_f32,
+                   maddubs, pick16, sext, splat_f32x4, splat_f32x8, splat_i8x32, splat_i32x8, store_f32x8, to_f32,
                    u32x4_to_i8x16, vabs, vadd, vand, vor, vsign, vsll, vsrl, vsub, zext)
 
 QK_K = 256
@@ -523,14 +523,15 @@ def _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, ms):
     the 32 unsigned quants of sub-blocks 2j/2j+1; each maddubs multiplies 32 of them with 32 int8
     activations into 16 int16 pair sums, and madd weights those by the sub-block's scale into
     8 int32 lanes (madd_acc: accumulate in the same instruction with VNNI)."""
-    sumi = madd(bcast_lane(ms, 0), maddubs(l0, load_i8x32(y, yb + 4)))
-    sumi = madd_acc(sumi, bcast_lane(ms, 1), maddubs(h0, load_i8x32(y, yb + 36)))
-    sumi = madd_acc(sumi, bcast_lane(ms, 2), maddubs(l1, load_i8x32(y, yb + 68)))
-    sumi = madd_acc(sumi, bcast_lane(ms, 3), maddubs(h1, load_i8x32(y, yb + 100)))
-    sumi = madd_acc(sumi, bcast_lane(ms, 4), maddubs(l2, load_i8x32(y, yb + 132)))
-    sumi = madd_acc(sumi, bcast_lane(ms, 5), maddubs(h2, load_i8x32(y, yb + 164)))
-    sumi = madd_acc(sumi, bcast_lane(ms, 6), maddubs(l3, load_i8x32(y, yb + 196)))
-    sumi = madd_acc(sumi, bcast_lane(ms, 7), maddubs(h3, load_i8x32(y, yb + 228)))
+    sc = bcast_half(ms, 0)
+    sumi = madd(pick16(sc, 0, 0), maddubs(l0, load_i8x32(y, yb + 4)))
+    sumi = madd_acc(sumi, pick16(sc, 1, 1), maddubs(h0, load_i8x32(y, yb + 36)))
+    sumi = madd_acc(sumi, pick16(sc, 2, 2), maddubs(l1, load_i8x32(y, yb + 68)))
+    sumi = madd_acc(sumi, pick16(sc, 3, 3), maddubs(h1, load_i8x32(y, yb + 100)))
+    sumi = madd_acc(sumi, pick16(sc, 4, 4), maddubs(l2, load_i8x32(y, yb + 132)))
+    sumi = madd_acc(sumi, pick16(sc, 5, 5), maddubs(h2, load_i8x32(y, yb + 164)))
+    sumi = madd_acc(sumi, pick16(sc, 6, 6), maddubs(l3, load_i8x32(y, yb + 196)))
+    sumi = madd_acc(sumi, pick16(sc, 7, 7), maddubs(h3, load_i8x32(y, yb + 228)))
     return sumi
 
 
@@ -699,14 +700,15 @@ def _q6_K_unpack(x, xb, h):
 
 
 @njit(inline="always")
-def _q6_K_half(sumi, y, yb, h, q0, q1, q2, q3, sc16):
+def _q6_K_half(sumi, y, yb, h, q0, q1, q2, q3, sc):
     """Add half h's Σ sc·q·q8: each 32-element vector spans 2 sub-blocks of 16, so its scale
-    vector carries sc[2k] in lanes 0-7 and sc[2k+1] in lanes 8-15 (bcast_pair16)."""
+    vector carries sc[2k] in lanes 0-7 and sc[2k+1] in lanes 8-15 (``pick16`` of ``sc``, the
+    half's 8 scales in both 128-bit halves)."""
     o = yb + 4 + 128 * h
-    sumi = madd_acc(sumi, bcast_pair16(sc16, 8 * h + 0), maddubs(q0, load_i8x32(y, o)))
-    sumi = madd_acc(sumi, bcast_pair16(sc16, 8 * h + 2), maddubs(q1, load_i8x32(y, o + 32)))
-    sumi = madd_acc(sumi, bcast_pair16(sc16, 8 * h + 4), maddubs(q2, load_i8x32(y, o + 64)))
-    sumi = madd_acc(sumi, bcast_pair16(sc16, 8 * h + 6), maddubs(q3, load_i8x32(y, o + 96)))
+    sumi = madd_acc(sumi, pick16(sc, 0, 1), maddubs(q0, load_i8x32(y, o)))
+    sumi = madd_acc(sumi, pick16(sc, 2, 3), maddubs(q1, load_i8x32(y, o + 32)))
+    sumi = madd_acc(sumi, pick16(sc, 4, 5), maddubs(q2, load_i8x32(y, o + 64)))
+    sumi = madd_acc(sumi, pick16(sc, 6, 7), maddubs(q3, load_i8x32(y, o + 96)))
     return sumi
 
 
@@ -715,8 +717,8 @@ def _q6_K_sumi(y, yb, a0, a1, a2, a3, b0, b1, b2, b3, sc16):
     """8 int32 lanes of Σ sc·(q−32)·q8 for one block: GGML computes Σ sc·q·q8 and subtracts
     32·Σ_s sc_s·bsum_s (madd of bsums and scales, shifted left by 5)."""
     corr = vsll(madd(load_i16x16(y, yb + 260), sc16), 5)
-    sumi = _q6_K_half(splat_i32x8(0), y, yb, 0, a0, a1, a2, a3, sc16)
-    sumi = _q6_K_half(sumi, y, yb, 1, b0, b1, b2, b3, sc16)
+    sumi = _q6_K_half(splat_i32x8(0), y, yb, 0, a0, a1, a2, a3, bcast_half(sc16, 0))
+    sumi = _q6_K_half(sumi, y, yb, 1, b0, b1, b2, b3, bcast_half(sc16, 1))
     return vsub(sumi, corr)
 
 
@@ -1033,7 +1035,7 @@ def dot_cols_q5_1_q8_1(n, x, y, yo, ycs, ybs, nc, acc, out):
 # ------------------------------------------------------------------------------------------------
 # Q2_K x Q8_K and Q3_K x Q8_K: GGML's AVX2 kernels. Per 32 quants of sub-block pair (2s, 2s+1):
 # maddubs (unsigned 2-bit quants x signed activations) to 16 int16 pair sums, then madd with the
-# pair's two scales (8 lanes each, ``pair16`` of the half's scales), into 8 int32 lanes; one FMA
+# pair's two scales (8 lanes each, ``pick16`` of the half's scales), into 8 int32 lanes; one FMA
 # per super-block. The 2-bit planes are ``crumb``s (one instruction each with GFNI). Q2_K's mins go
 # through the activations' bsums (dmin·Σ min_s·bsum_s, one FMA before the quants'); Q3_K's third
 # bit subtracts 4 where its hmask bit is clear, and its 6-bit scales are stored minus 32.
@@ -1081,10 +1083,10 @@ def _k23_half(c0, c1, c2, c3, hb, q3, y, yo, sc):
     h1 = _q3_hi(hb, 1) if q3 else None
     h2 = _q3_hi(hb, 2) if q3 else None
     h3 = _q3_hi(hb, 3) if q3 else None
-    return vadd(vadd(madd(pair16(sc, 0), _k2_run(c0, h0, load_i8x32(y, yo))),
-                     madd(pair16(sc, 2), _k2_run(c1, h1, load_i8x32(y, yo + 32)))),
-                vadd(madd(pair16(sc, 4), _k2_run(c2, h2, load_i8x32(y, yo + 64))),
-                     madd(pair16(sc, 6), _k2_run(c3, h3, load_i8x32(y, yo + 96)))))
+    return vadd(vadd(madd(pick16(sc, 0, 1), _k2_run(c0, h0, load_i8x32(y, yo))),
+                     madd(pick16(sc, 2, 3), _k2_run(c1, h1, load_i8x32(y, yo + 32)))),
+                vadd(madd(pick16(sc, 4, 5), _k2_run(c2, h2, load_i8x32(y, yo + 64))),
+                     madd(pick16(sc, 6, 7), _k2_run(c3, h3, load_i8x32(y, yo + 96)))))
 
 
 @_fast
