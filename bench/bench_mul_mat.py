@@ -38,7 +38,7 @@ from run_info import cpu_model, git_commit, sched_policy  # noqa: E402
 M_ROWS, K = 4096, 14336
 ROWS = [(Type.Q4_K, 1), (Type.Q4_K, 2), (Type.Q4_K, 4), (Type.Q4_K, 8), (Type.Q4_K, 512)] + [
     (t, n) for t in (Type.Q5_K, Type.Q6_K, Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q2_K,
-                     Type.Q3_K, Type.IQ4_NL, Type.IQ4_XS) for n in (1, 512)]
+                     Type.Q3_K, Type.IQ4_NL, Type.IQ4_XS, Type.F16, Type.BF16) for n in (1, 512)]
 # byte offsets of the fp16 scales in each block (random bytes there could be inf/NaN)
 SCALE_OFFSETS = {Type.Q4_K: (0, 2), Type.Q5_K: (0, 2), Type.Q6_K: (208,), Type.Q8_0: (0,), Type.Q4_0: (0,),
                  Type.Q4_1: (0, 2), Type.Q5_0: (0,), Type.Q5_1: (0, 2), Type.Q2_K: (80, 82), Type.Q3_K: (108,),
@@ -85,6 +85,9 @@ class GGMLMulMat:
 
 
 def random_weights(rng, t, m, k):
+    if t in (Type.F16, Type.BF16):   # rows of elements (float16, or BF16's bits as uint16)
+        w = rng.uniform(-1, 1, (1, 1, m, k)).astype(np.float32)
+        return w.astype(np.float16) if t == Type.F16 else (w.view(np.uint32) >> 16).astype(np.uint16)
     nb = m * k // blck_size(t)
     b = rng.integers(0, 256, (nb, type_size(t)), dtype=np.uint8)
     for o in SCALE_OFFSETS[t]:

@@ -414,8 +414,8 @@ _CHILD = f"TYPES = {_TYPES!r}\n" + textwrap.dedent("""
     res = np.empty(nc, np.float32)
     V.dot_cols_q4_K_q8_K(n, d["Q4_K_x"], d["ys"], n - n, int(d["rs"]), 292, nc, acc, res)
     out["cols"] = res.tolist()
-    V.dot_cols_f16(n, d["w16"], d["yf"], n - n, 4 * n, nc, acc, res)
-    out["f16"] = res.tolist()
+    w16 = d["w16"]
+    out["f16"] = [float(v) for v in V.dot_tile_f16(n, w16, w16, d["yf"], 0, 4 * n, 8 * n)[:3]]
     # the portable fp16 decode on all 65536 halves (subnormals, infinities, NaNs)
     from numba import njit
     @njit

@@ -200,23 +200,31 @@ def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
 # ---- float weights --------------------------------------------------------------------------------
 
 @_kernel
-def _task_float(kind, n, w4, xf, dst, t, RT, CT, acc, tmp):
+def _task_float(kind, n, w4, xf, dst, t, RT, CT):
+    """One task of float weights: a single column row by row (``dot_float``), more columns in
+    tiles of 2 rows × 3 columns (``dot_tile_*``; at the edges a tile repeats its last row or
+    column and drops the repeats)."""
     j3, j2, i3, i2, r0, r1, c0, nc = _task_geometry(t, w4, dst, RT, CT)
     ycs = 4 * n
     yo = ((i3 * dst.shape[1] + i2) * dst.shape[2] + c0) * ycs
-    for r in range(r0, r1):
-        x = w4[j3, j2, r]
-        if dst.shape[2] == 1:
-            # a single column (decode): the register-only kernel
-            tmp[0] = V.dot_float(n, x, xf, yo, kind)
-        elif kind == KIND_F32:
-            V.dot_cols_f32(n, x, xf, yo, ycs, nc, acc, tmp)
-        elif kind == KIND_F16:
-            V.dot_cols_f16(n, x, xf, yo, ycs, nc, acc, tmp)
-        else:
-            V.dot_cols_bf16(n, x, xf, yo, ycs, nc, acc, tmp)
-        for c in range(nc):
-            dst[i3, i2, c0 + c, r] = tmp[c]
+    if dst.shape[2] == 1:
+        for r in range(r0, r1):
+            dst[i3, i2, c0, r] = V.dot_float(n, w4[j3, j2, r], xf, yo, kind)
+        return
+    for r in range(r0, r1, 2):
+        xa, xb = w4[j3, j2, r], w4[j3, j2, min(r + 1, r1 - 1)]
+        for c in range(0, nc, 3):
+            ya, yb, yc = yo + c * ycs, yo + min(c + 1, nc - 1) * ycs, yo + min(c + 2, nc - 1) * ycs
+            if kind == KIND_F32:
+                s = V.dot_tile_f32(n, xa, xb, xf, ya, yb, yc)
+            elif kind == KIND_F16:
+                s = V.dot_tile_f16(n, xa, xb, xf, ya, yb, yc)
+            else:
+                s = V.dot_tile_bf16(n, xa, xb, xf, ya, yb, yc)
+            for k in range(min(3, nc - c)):
+                dst[i3, i2, c0 + c + k, r] = s[k]
+                if r + 1 < r1:
+                    dst[i3, i2, c0 + c + k, r + 1] = s[3 + k]
 
 
 @_parallel
@@ -224,20 +232,16 @@ def _run_float_par(kind, n, w4, xf, dst, RT, CT, nth):
     ntasks = _n_tasks(w4, dst, RT, CT)
     counter = np.zeros(1, np.int64)
     for _ in prange(min(nth, ntasks)):
-        acc = np.empty(V.ACC_PER_COL * (CT + 4), np.float32)
-        tmp = np.empty(CT, np.float32)
         t = simd.fetch_add(counter, 0, 1)
         while t < ntasks:
-            _task_float(kind, n, w4, xf, dst, t, RT, CT, acc, tmp)
+            _task_float(kind, n, w4, xf, dst, t, RT, CT)
             t = simd.fetch_add(counter, 0, 1)
 
 
 @_kernel
 def _run_float(kind, n, w4, xf, dst, RT, CT):
-    acc = np.empty(V.ACC_PER_COL * (CT + 4), np.float32)
-    tmp = np.empty(CT, np.float32)
     for t in range(_n_tasks(w4, dst, RT, CT)):
-        _task_float(kind, n, w4, xf, dst, t, RT, CT, acc, tmp)
+        _task_float(kind, n, w4, xf, dst, t, RT, CT)
 
 
 # =================================================================================================

@@ -31,7 +31,8 @@ Three kernels per weight type, from slow and obvious to fast:
 All rows are raw bytes (``uint8`` 1-D arrays, the weight row starting at x[0]; ``yo`` is a byte
 offset into y), in GGML's block
 layouts (docs/quant-formats.md §1). Float rows (F32/F16/BF16) are bytes too for ``vec_dot_*``;
-the matmul's float path uses ``dot_cols_f32/f16/bf16`` with typed weight rows instead.
+the matmul's float path uses ``dot_float`` and ``dot_tile_f32/f16/bf16`` (2 rows × 3 columns
+held in registers) with typed weight rows instead.
 Every quantized weight type has all three.
 """
 from __future__ import annotations
@@ -1363,44 +1364,13 @@ def _wscalar(x, o, kind):
 
 
 @njit(inline="always")
-def _float_cols(n, x, y, yo, ycs, nc, acc, out, kind):
-    """One float weight row (kind 0/1/2 = F32/F16/BF16) against nc float32 columns (column c
-    starts at byte yo + c*ycs). 64 weights at a time are decoded to float32 once, parked in
-    acc[0:64] (L1), and then multiplied into every column's 8 float lanes at acc[16(c+4):]:
-    acc needs ACC_PER_COL * (nc + 4) floats."""
-    ws = 4 if kind == 0 else 2
-    zero = splat_f32x8(0.0)
-    for c in range(nc):
-        store_f32x8(acc, 64 * (c + 4), zero)
-    n64 = n - n % 64
-    for i in range(0, n64, 64):
-        for v in range(8):
-            store_f32x8(acc, 32 * v, _wload(x, ws * (i + 8 * v), kind))
-        for c in range(nc):
-            yb = yo + c * ycs + 4 * i
-            p = fma(load_f32x8(acc, 0), load_f32x8(y, yb), load_f32x8(acc, 64 * (c + 4)))
-            q = simd.vmul(load_f32x8(acc, 32), load_f32x8(y, yb + 32))
-            p = fma(load_f32x8(acc, 64), load_f32x8(y, yb + 64), p)
-            q = fma(load_f32x8(acc, 96), load_f32x8(y, yb + 96), q)
-            p = fma(load_f32x8(acc, 128), load_f32x8(y, yb + 128), p)
-            q = fma(load_f32x8(acc, 160), load_f32x8(y, yb + 160), q)
-            p = fma(load_f32x8(acc, 192), load_f32x8(y, yb + 192), p)
-            q = fma(load_f32x8(acc, 224), load_f32x8(y, yb + 224), q)
-            store_f32x8(acc, 64 * (c + 4), vadd(p, q))
-    for c in range(nc):
-        s = hsum_f32x8(load_f32x8(acc, 64 * (c + 4)))
-        for i in range(n64, n):
-            s += _wscalar(x, ws * i, kind) * load_f32(y, yo + c * ycs + 4 * i)
-        out[c] = s
-
-
-@njit(inline="always")
 def dot_float(n, x, y, yo, kind):
-    """``_float_cols`` for a single column, with the weights kept in registers: the very same
-    arithmetic (so a column alone equals that column among others, bit for bit), without parking
-    64 weights in ``acc`` per step, which costs more than the products when rows are as short as
-    a decode step's KQ rows (head_dim = 64). Inlined into the caller: a call per row (arguments,
-    reference counts) would cost as much as the row."""
+    """One float weight row (kind 0/1/2 = F32/F16/BF16, bytes or typed) against the float32 column
+    at byte ``yo`` of y. Per 64 values: two chains of 8-lane FMAs (even and odd vectors), added;
+    then the lanes, then a scalar tail. ``_float_tile`` does this very arithmetic for 2 rows × 3
+    columns at once (so a column alone equals that column among others, bit for bit). Inlined
+    into the caller: a call per row (arguments, reference counts) would cost as much as a row as
+    short as a decode step's KQ row (head_dim = 64)."""
     ws = 4 if kind == 0 else 2
     a = splat_f32x8(0.0)
     n64 = n - n % 64
@@ -1415,34 +1385,87 @@ def dot_float(n, x, y, yo, kind):
         p = fma(_wload(x, ws * (i + 48), kind), load_f32x8(y, yb + 192), p)
         q = fma(_wload(x, ws * (i + 56), kind), load_f32x8(y, yb + 224), q)
         a = vadd(p, q)
-    s = hsum_f32x8(a)
+    return _float_tail(n, n64, x, y, yo, kind, hsum_f32x8(a))
+
+
+@njit(inline="always")
+def _float_tail(n, n64, x, y, yo, kind, s):
+    ws = 4 if kind == 0 else 2
     for i in range(n64, n):
         s += _wscalar(x, ws * i, kind) * load_f32(y, yo + 4 * i)
     return s
 
 
-@_fast
-def dot_cols_f32(n, x, y, yo, ycs, nc, acc, out):
-    _float_cols(n, x, y, yo, ycs, nc, acc, out, 0)
+@njit(inline="always")
+def _fma6(x0, x1, wo, y, y0, y1, y2, kind, acc):
+    """Vector ``wo`` (byte offset) of rows x0, x1 times the same vector of columns y0..y2 (byte
+    offsets into y), FMA'd into acc = (r0c0, r0c1, r0c2, r1c0, r1c1, r1c2)."""
+    w0 = _wload(x0, wo, kind)
+    w1 = _wload(x1, wo, kind)
+    v0, v1, v2 = load_f32x8(y, y0), load_f32x8(y, y1), load_f32x8(y, y2)
+    return (fma(w0, v0, acc[0]), fma(w0, v1, acc[1]), fma(w0, v2, acc[2]),
+            fma(w1, v0, acc[3]), fma(w1, v1, acc[4]), fma(w1, v2, acc[5]))
+
+
+@njit(inline="always")
+def _mul6(x0, x1, wo, y, y0, y1, y2, kind):
+    w0 = _wload(x0, wo, kind)
+    w1 = _wload(x1, wo, kind)
+    v0, v1, v2 = load_f32x8(y, y0), load_f32x8(y, y1), load_f32x8(y, y2)
+    return (simd.vmul(w0, v0), simd.vmul(w0, v1), simd.vmul(w0, v2),
+            simd.vmul(w1, v0), simd.vmul(w1, v1), simd.vmul(w1, v2))
+
+
+@njit(inline="always")
+def _float_tile(n, x0, x1, y, y0, y1, y2, kind):
+    """``dot_float`` of rows x0, x1 with the columns at byte offsets y0, y1, y2, as
+    (r0c0, r0c1, r0c2, r1c0, r1c1, r1c2): each weight vector is decoded once for 3 columns and
+    each column vector loaded once for 2 rows, so the 12 accumulator registers see 6 FMAs per 5
+    loads (a row against one column at a time is bound by its loads: 2 per FMA)."""
+    ws = 4 if kind == 0 else 2
+    z = splat_f32x8(0.0)
+    a = (z, z, z, z, z, z)
+    n64 = n - n % 64
+    for i in range(0, n64, 64):
+        o0, o1, o2 = y0 + 4 * i, y1 + 4 * i, y2 + 4 * i
+        w = ws * i
+        p = _fma6(x0, x1, w, y, o0, o1, o2, kind, a)
+        q = _mul6(x0, x1, w + 8 * ws, y, o0 + 32, o1 + 32, o2 + 32, kind)
+        p = _fma6(x0, x1, w + 16 * ws, y, o0 + 64, o1 + 64, o2 + 64, kind, p)
+        q = _fma6(x0, x1, w + 24 * ws, y, o0 + 96, o1 + 96, o2 + 96, kind, q)
+        p = _fma6(x0, x1, w + 32 * ws, y, o0 + 128, o1 + 128, o2 + 128, kind, p)
+        q = _fma6(x0, x1, w + 40 * ws, y, o0 + 160, o1 + 160, o2 + 160, kind, q)
+        p = _fma6(x0, x1, w + 48 * ws, y, o0 + 192, o1 + 192, o2 + 192, kind, p)
+        q = _fma6(x0, x1, w + 56 * ws, y, o0 + 224, o1 + 224, o2 + 224, kind, q)
+        a = (vadd(p[0], q[0]), vadd(p[1], q[1]), vadd(p[2], q[2]),
+             vadd(p[3], q[3]), vadd(p[4], q[4]), vadd(p[5], q[5]))
+    return (_float_tail(n, n64, x0, y, y0, kind, hsum_f32x8(a[0])),
+            _float_tail(n, n64, x0, y, y1, kind, hsum_f32x8(a[1])),
+            _float_tail(n, n64, x0, y, y2, kind, hsum_f32x8(a[2])),
+            _float_tail(n, n64, x1, y, y0, kind, hsum_f32x8(a[3])),
+            _float_tail(n, n64, x1, y, y1, kind, hsum_f32x8(a[4])),
+            _float_tail(n, n64, x1, y, y2, kind, hsum_f32x8(a[5])))
 
 
 @_fast
-def dot_cols_f16(n, x, y, yo, ycs, nc, acc, out):
-    _float_cols(n, x, y, yo, ycs, nc, acc, out, 1)
+def dot_tile_f32(n, x0, x1, y, y0, y1, y2):
+    return _float_tile(n, x0, x1, y, y0, y1, y2, 0)
 
 
 @_fast
-def dot_cols_bf16(n, x, y, yo, ycs, nc, acc, out):
-    _float_cols(n, x, y, yo, ycs, nc, acc, out, 2)
+def dot_tile_f16(n, x0, x1, y, y0, y1, y2):
+    return _float_tile(n, x0, x1, y, y0, y1, y2, 1)
+
+
+@_fast
+def dot_tile_bf16(n, x0, x1, y, y0, y1, y2):
+    return _float_tile(n, x0, x1, y, y0, y1, y2, 2)
 
 
 @_fast
 def vec_dot_f32(n, x, y):
     """Two F32 rows (bytes)."""
-    acc = np.empty(ACC_PER_COL * 5, np.float32)
-    out = np.empty(1, np.float32)
-    dot_cols_f32(n, x, y, n - n, n - n, 1, acc, out)
-    return out[0]
+    return dot_float(n, x, y, n - n, 0)
 
 
 @_fast
@@ -1451,10 +1474,7 @@ def vec_dot_f16(n, x, y):
     yf = np.empty(n, np.float32)
     for i in range(n):
         yf[i] = _F16[load_u16(y, 2 * i)]
-    acc = np.empty(ACC_PER_COL * 5, np.float32)
-    out = np.empty(1, np.float32)
-    dot_cols_f16(n, x, yf, n - n, n - n, 1, acc, out)
-    return out[0]
+    return dot_float(n, x, yf, n - n, 1)
 
 
 @_fast
@@ -1463,10 +1483,7 @@ def vec_dot_bf16(n, x, y):
     yf = np.empty(n, np.float32)
     for i in range(n):
         yf[i] = np.uint32(np.uint32(load_u16(y, 2 * i)) << 16).view(np.float32)
-    acc = np.empty(ACC_PER_COL * 5, np.float32)
-    out = np.empty(1, np.float32)
-    dot_cols_bf16(n, x, yf, n - n, n - n, 1, acc, out)
-    return out[0]
+    return dot_float(n, x, yf, n - n, 2)
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
