@@ -192,22 +192,22 @@ def test_dequantize_equals_ggml_get_rows(t):
     assert np.array_equal(ours, ggml_get_rows(wb, t, 512, 16))
 
 
-def test_mul_mat_serial_and_parallel_agree():
-    """Small products run on one thread, large ones on all: the two drivers give the same bits."""
+@pytest.mark.parametrize("t", [Type.Q4_K, Type.F16], ids=lambda t: t.name)
+def test_mul_mat_serial_and_parallel_agree(t, monkeypatch):
+    """Small products run on one thread, large ones on all (each path with its own threshold): the
+    two drivers give the same bits."""
     rng = np.random.default_rng(7)
     wf = rng.uniform(-1, 1, (1, 1, 64, 512)).astype(np.float32)
-    w, _, _ = make_weights(Type.Q4_K, wf)
+    w = make_weights(Type.Q4_K, wf)[0] if t == Type.Q4_K else wf.astype(np.float16)
     x = rng.uniform(-1, 1, (1, 1, 20, 512)).astype(np.float32)
     a = np.empty((1, 1, 20, 64), np.float32)
     b = np.empty_like(a)
-    old = M.PARALLEL_MIN_MACS
-    try:
-        M.PARALLEL_MIN_MACS = 1 << 62
-        M.mul_mat(w, Type.Q4_K, x, a)
-        M.PARALLEL_MIN_MACS = 0
-        M.mul_mat(w, Type.Q4_K, x, b)
-    finally:
-        M.PARALLEL_MIN_MACS = old
+    for name in ("PARALLEL_MIN_MACS", "FLOAT_PARALLEL_MIN_MACS"):
+        monkeypatch.setattr(M, name, 1 << 62)
+    M.mul_mat(w, t, x, a)
+    for name in ("PARALLEL_MIN_MACS", "FLOAT_PARALLEL_MIN_MACS"):
+        monkeypatch.setattr(M, name, 0)
+    M.mul_mat(w, t, x, b)
     assert np.array_equal(a, b)
 
 
