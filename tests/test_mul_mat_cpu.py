@@ -351,13 +351,13 @@ def test_dispatch_has_every_type_of_the_table():
     """Each generated switch has a branch for every type of the traits table that has its kernel,
     calling that kernel, and no other branch; the chunk and activation switches also give the bytes
     of the table's own kernels (a type added to the table without regenerating fails here)."""
-    want = {name: {} for name in ("quantize_chunk", "dequantize_chunk", "from_float", "dot", "dot_cols")}
+    want = {name: {} for name in ("quantize_chunk", "dequantize_chunk", "from_float", "dot_rows", "dot_cols")}
     for t, tr in TYPE_TRAITS_CPU.items():
         if tr.from_float_ref is not None:
             want["quantize_chunk"][int(t)] = _kernel_name(tr.from_float_ref)
             want["dequantize_chunk"][int(t)] = _kernel_name(tr.to_float)
         if tr.dot_cols is not None:
-            want["dot"][int(t)] = _kernel_name(tr.dot)
+            want["dot_rows"][int(t)] = _kernel_name(tr.dot)
             want["dot_cols"][int(t)] = _kernel_name(tr.dot_cols)
             vdt = tr.vec_dot_type
             want["from_float"][int(vdt)] = _kernel_name(TYPE_TRAITS_CPU[vdt].from_float)

@@ -11,11 +11,11 @@ table has its branches). Jitted code cannot index the table by a run-time type i
 
 * ``quantize_chunk`` / ``dequantize_chunk``: whole contiguous rows (``convert.py``, ``rows.py``);
 * ``from_float``: the matmul's activation rows, to the weight type's vec_dot_type;
-* ``dot`` / ``dot_cols``: the matmul's task loop (``matmul._task_fast``), inlined into it.
+* ``dot_rows`` / ``dot_cols``: the matmul's task loop (``matmul._task_fast``): a decode task's
+  rows, one column; a row against many columns (inlined into the loop).
 """
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 from ...cache import tie_cache
@@ -117,35 +117,48 @@ def from_float(tid, x, y):
         quant.quantize_row_q8_K(x, y)
 
 
-@_inline
-def dot(tid, n, x, y, yo):
-    """One weight row x of type id tid dotted with one activation column at byte yo of y
-    (``vec_dot.dot_*``), for the quantized weight types."""
+@_kernel
+def dot_rows(tid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c):
+    """Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the activation column at
+    byte yo of y into dst[i3, i2, c] (``vec_dot.dot_*``), for the quantized weight types. The
+    row loop sits inside each branch: with the chain inside the loop instead, a Q4_K row of
+    one super-block took 40 ns where the dot product alone takes 13."""
     if tid == 2:  # Q4_0
-        return vec_dot.dot_q4_0_q8_0(n, x, y, yo)
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = vec_dot.dot_q4_0_q8_0(n, w4[j3, j2, r], y, yo)
     elif tid == 3:  # Q4_1
-        return vec_dot.dot_q4_1_q8_1(n, x, y, yo)
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = vec_dot.dot_q4_1_q8_1(n, w4[j3, j2, r], y, yo)
     elif tid == 6:  # Q5_0
-        return vec_dot.dot_q5_0_q8_0(n, x, y, yo)
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = vec_dot.dot_q5_0_q8_0(n, w4[j3, j2, r], y, yo)
     elif tid == 7:  # Q5_1
-        return vec_dot.dot_q5_1_q8_1(n, x, y, yo)
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = vec_dot.dot_q5_1_q8_1(n, w4[j3, j2, r], y, yo)
     elif tid == 8:  # Q8_0
-        return vec_dot.dot_q8_0_q8_0(n, x, y, yo)
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = vec_dot.dot_q8_0_q8_0(n, w4[j3, j2, r], y, yo)
     elif tid == 10:  # Q2_K
-        return vec_dot.dot_q2_K_q8_K(n, x, y, yo)
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = vec_dot.dot_q2_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 11:  # Q3_K
-        return vec_dot.dot_q3_K_q8_K(n, x, y, yo)
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = vec_dot.dot_q3_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 12:  # Q4_K
-        return vec_dot.dot_q4_K_q8_K(n, x, y, yo)
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = vec_dot.dot_q4_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 13:  # Q5_K
-        return vec_dot.dot_q5_K_q8_K(n, x, y, yo)
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = vec_dot.dot_q5_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 14:  # Q6_K
-        return vec_dot.dot_q6_K_q8_K(n, x, y, yo)
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = vec_dot.dot_q6_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 20:  # IQ4_NL
-        return vec_dot.dot_iq4_nl_q8_0(n, x, y, yo)
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = vec_dot.dot_iq4_nl_q8_0(n, w4[j3, j2, r], y, yo)
     elif tid == 23:  # IQ4_XS
-        return vec_dot.dot_iq4_xs_q8_K(n, x, y, yo)
-    return np.float32(0.0)
+        for r in range(r0, r1):
+            dst[i3, i2, c, r] = vec_dot.dot_iq4_xs_q8_K(n, w4[j3, j2, r], y, yo)
 
 
 @_inline
@@ -221,7 +234,7 @@ SWITCHES = {
         9: "vec_dot.quantize_row_q8_1_cpu",  # Q8_1
         15: "quant.quantize_row_q8_K",  # Q8_K
     },
-    "dot": {
+    "dot_rows": {
         2: "vec_dot.dot_q4_0_q8_0",  # Q4_0
         3: "vec_dot.dot_q4_1_q8_1",  # Q4_1
         6: "vec_dot.dot_q5_0_q8_0",  # Q5_0

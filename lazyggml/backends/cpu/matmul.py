@@ -165,18 +165,17 @@ def _n_tasks(w4, dst, RT, CT):
 @_kernel
 def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
     """One task of a SIMD type; yq is block-major (see _quantize_rows). ``kid`` is the weight's
-    type id, for the generated switches ``dispatch.dot`` / ``dot_cols`` (inlined here)."""
+    type id, for the generated switches ``dispatch.dot_rows`` / ``dot_cols`` (inlined here)."""
     j3, j2, i3, i2, r0, r1, c0, nc = _task_geometry(t, w4, dst, RT, CT)
     ne11 = dst.shape[2]
     yo = (i3 * dst.shape[1] + i2) * ne11 * rs + c0 * bsz
+    if ne11 == 1:
+        # a single column (decode): the register-only kernel, contiguous blocks, row by row
+        D.dot_rows(kid, n, w4, j3, j2, r0, r1, yq, yo, dst, i3, i2, c0)
+        return
     ybs = ne11 * bsz  # from block i to block i+1 of one column
     for r in range(r0, r1):
-        x = w4[j3, j2, r]
-        if ne11 == 1:
-            # a single column (decode): the register-only kernel, contiguous blocks
-            tmp[0] = D.dot(kid, n, x, yq, yo)
-        else:
-            D.dot_cols(kid, n, x, yq, yo, bsz, ybs, nc, acc, tmp)
+        D.dot_cols(kid, n, w4[j3, j2, r], yq, yo, bsz, ybs, nc, acc, tmp)
         for c in range(nc):
             dst[i3, i2, c0 + c, r] = tmp[c]
 
