@@ -205,15 +205,24 @@ def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
 
 @_kernel
 def _task_float(kind, n, w4, xf, dst, t, RT, CT):
-    """One task of float weights: a single column row by row (``dot_float``), more columns in
-    tiles of 2 rows × 3 columns (``dot_tile_*``; at the edges a tile repeats its last row or
-    column and drops the repeats)."""
+    """One task of float weights: a single column two rows at a time (``dot_pair_*``), more
+    columns in tiles of 2 rows × 3 columns (``dot_tile_*``); at the edges a tile repeats its last
+    row or column and drops the repeats."""
     j3, j2, i3, i2, r0, r1, c0, nc = _task_geometry(t, w4, dst, RT, CT)
     ycs = 4 * n
     yo = ((i3 * dst.shape[1] + i2) * dst.shape[2] + c0) * ycs
     if dst.shape[2] == 1:
-        for r in range(r0, r1):
-            dst[i3, i2, c0, r] = V.dot_float(n, w4[j3, j2, r], xf, yo, kind)
+        for r in range(r0, r1, 2):
+            xa, xb = w4[j3, j2, r], w4[j3, j2, min(r + 1, r1 - 1)]
+            if kind == KIND_F32:
+                s = V.dot_pair_f32(n, xa, xb, xf, yo)
+            elif kind == KIND_F16:
+                s = V.dot_pair_f16(n, xa, xb, xf, yo)
+            else:
+                s = V.dot_pair_bf16(n, xa, xb, xf, yo)
+            dst[i3, i2, c0, r] = s[0]
+            if r + 1 < r1:
+                dst[i3, i2, c0, r + 1] = s[3]
         return
     for r in range(r0, r1, 2):
         xa, xb = w4[j3, j2, r], w4[j3, j2, min(r + 1, r1 - 1)]

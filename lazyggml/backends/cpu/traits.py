@@ -28,7 +28,7 @@ Fields of ``TypeTraitsCpu`` (rows are raw bytes: ``uint8`` 1-D arrays in GGML's 
 * ``dot(n, x, y, yo) -> float32`` and ``dot_cols(n, x, y, yo, ycs, ybs, nc, acc, out)``: the
   quantized matmul's kernels (one column, many columns; ``vec_dot.py`` says how), for the
   quantized weight types; None for the float types, which the matmul runs by element kind
-  (``vec_dot.dot_float``, ``dot_tile_f32/f16/bf16``).
+  (``vec_dot.dot_pair_f32/f16/bf16``, ``dot_tile_f32/f16/bf16``).
 
 Derived, not stored: ``blck_size`` and ``type_size`` (``types.py`` holds them, for every backend),
 ``fast`` (whether ``vec_dot`` is a SIMD kernel).

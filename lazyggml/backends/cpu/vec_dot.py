@@ -31,8 +31,8 @@ Three kernels per weight type, from slow and obvious to fast:
 All rows are raw bytes (``uint8`` 1-D arrays, the weight row starting at x[0]; ``yo`` is a byte
 offset into y), in GGML's block
 layouts (docs/quant-formats.md §1). Float rows (F32/F16/BF16) are bytes too for ``vec_dot_*``;
-the matmul's float path uses ``dot_float`` and ``dot_tile_f32/f16/bf16`` (2 rows × 3 columns
-held in registers) with typed weight rows instead.
+the matmul's float path uses ``dot_pair_*`` (2 rows, one column) and ``dot_tile_*`` (2 rows ×
+3 columns, held in registers) with typed weight rows instead.
 Every quantized weight type has all three.
 """
 from __future__ import annotations
@@ -1366,11 +1366,10 @@ def _wscalar(x, o, kind):
 @njit(inline="always")
 def dot_float(n, x, y, yo, kind):
     """One float weight row (kind 0/1/2 = F32/F16/BF16, bytes or typed) against the float32 column
-    at byte ``yo`` of y. Per 64 values: two chains of 8-lane FMAs (even and odd vectors), added;
-    then the lanes, then a scalar tail. ``_float_tile`` does this very arithmetic for 2 rows × 3
-    columns at once (so a column alone equals that column among others, bit for bit). Inlined
-    into the caller: a call per row (arguments, reference counts) would cost as much as a row as
-    short as a decode step's KQ row (head_dim = 64)."""
+    at byte ``yo`` of y (the traits' ``vec_dot``). Per 64 values: two chains of 8-lane FMAs (even
+    and odd vectors), added; then the lanes, then a scalar tail. ``_float_tile`` does this very
+    arithmetic per (row, column) for 2 rows at once, for the matmul (so a column alone equals that
+    column among others, bit for bit)."""
     ws = 4 if kind == 0 else 2
     a = splat_f32x8(0.0)
     n64 = n - n % 64
@@ -1397,31 +1396,41 @@ def _float_tail(n, n64, x, y, yo, kind, s):
 
 
 @njit(inline="always")
-def _fma6(x0, x1, wo, y, y0, y1, y2, kind, acc):
+def _fma6(x0, x1, wo, y, y0, y1, y2, kind, acc, nc):
     """Vector ``wo`` (byte offset) of rows x0, x1 times the same vector of columns y0..y2 (byte
-    offsets into y), FMA'd into acc = (r0c0, r0c1, r0c2, r1c0, r1c1, r1c2)."""
+    offsets into y), FMA'd into acc = (r0c0, r0c1, r0c2, r1c0, r1c1, r1c2); with ``nc`` 1 (a
+    literal), column y0 only, the other accumulators passed through."""
     w0 = _wload(x0, wo, kind)
     w1 = _wload(x1, wo, kind)
-    v0, v1, v2 = load_f32x8(y, y0), load_f32x8(y, y1), load_f32x8(y, y2)
+    v0 = load_f32x8(y, y0)
+    if nc == 1:
+        return (fma(w0, v0, acc[0]), acc[1], acc[2], fma(w1, v0, acc[3]), acc[4], acc[5])
+    v1, v2 = load_f32x8(y, y1), load_f32x8(y, y2)
     return (fma(w0, v0, acc[0]), fma(w0, v1, acc[1]), fma(w0, v2, acc[2]),
             fma(w1, v0, acc[3]), fma(w1, v1, acc[4]), fma(w1, v2, acc[5]))
 
 
 @njit(inline="always")
-def _mul6(x0, x1, wo, y, y0, y1, y2, kind):
+def _mul6(x0, x1, wo, y, y0, y1, y2, kind, nc):
     w0 = _wload(x0, wo, kind)
     w1 = _wload(x1, wo, kind)
-    v0, v1, v2 = load_f32x8(y, y0), load_f32x8(y, y1), load_f32x8(y, y2)
+    v0 = load_f32x8(y, y0)
+    if nc == 1:
+        z = splat_f32x8(0.0)
+        return (simd.vmul(w0, v0), z, z, simd.vmul(w1, v0), z, z)
+    v1, v2 = load_f32x8(y, y1), load_f32x8(y, y2)
     return (simd.vmul(w0, v0), simd.vmul(w0, v1), simd.vmul(w0, v2),
             simd.vmul(w1, v0), simd.vmul(w1, v1), simd.vmul(w1, v2))
 
 
 @njit(inline="always")
-def _float_tile(n, x0, x1, y, y0, y1, y2, kind):
-    """``dot_float`` of rows x0, x1 with the columns at byte offsets y0, y1, y2, as
-    (r0c0, r0c1, r0c2, r1c0, r1c1, r1c2): each weight vector is decoded once for 3 columns and
-    each column vector loaded once for 2 rows, so the 12 accumulator registers see 6 FMAs per 5
-    loads (a row against one column at a time is bound by its loads: 2 per FMA)."""
+def _float_tile(n, x0, x1, y, y0, y1, y2, kind, nc):
+    """``dot_float`` of rows x0, x1 with the columns at byte offsets y0, y1, y2 (``nc`` 3), or with
+    y0 alone (``nc`` 1), as (r0c0, r0c1, r0c2, r1c0, r1c1, r1c2). Each weight vector is decoded
+    once for 3 columns and each column vector loaded once for 2 rows, so the 12 accumulator
+    registers see 6 FMAs per 5 loads (a row against one column at a time is bound by its loads: 2
+    per FMA); with one column, the two rows' four FMA chains hide each other's latency (a single
+    row's two chains left an F16 mat-vec at 0.9x GGML's speed, two rows at once 1.2x)."""
     ws = 4 if kind == 0 else 2
     z = splat_f32x8(0.0)
     a = (z, z, z, z, z, z)
@@ -1429,37 +1438,55 @@ def _float_tile(n, x0, x1, y, y0, y1, y2, kind):
     for i in range(0, n64, 64):
         o0, o1, o2 = y0 + 4 * i, y1 + 4 * i, y2 + 4 * i
         w = ws * i
-        p = _fma6(x0, x1, w, y, o0, o1, o2, kind, a)
-        q = _mul6(x0, x1, w + 8 * ws, y, o0 + 32, o1 + 32, o2 + 32, kind)
-        p = _fma6(x0, x1, w + 16 * ws, y, o0 + 64, o1 + 64, o2 + 64, kind, p)
-        q = _fma6(x0, x1, w + 24 * ws, y, o0 + 96, o1 + 96, o2 + 96, kind, q)
-        p = _fma6(x0, x1, w + 32 * ws, y, o0 + 128, o1 + 128, o2 + 128, kind, p)
-        q = _fma6(x0, x1, w + 40 * ws, y, o0 + 160, o1 + 160, o2 + 160, kind, q)
-        p = _fma6(x0, x1, w + 48 * ws, y, o0 + 192, o1 + 192, o2 + 192, kind, p)
-        q = _fma6(x0, x1, w + 56 * ws, y, o0 + 224, o1 + 224, o2 + 224, kind, q)
+        p = _fma6(x0, x1, w, y, o0, o1, o2, kind, a, nc)
+        q = _mul6(x0, x1, w + 8 * ws, y, o0 + 32, o1 + 32, o2 + 32, kind, nc)
+        p = _fma6(x0, x1, w + 16 * ws, y, o0 + 64, o1 + 64, o2 + 64, kind, p, nc)
+        q = _fma6(x0, x1, w + 24 * ws, y, o0 + 96, o1 + 96, o2 + 96, kind, q, nc)
+        p = _fma6(x0, x1, w + 32 * ws, y, o0 + 128, o1 + 128, o2 + 128, kind, p, nc)
+        q = _fma6(x0, x1, w + 40 * ws, y, o0 + 160, o1 + 160, o2 + 160, kind, q, nc)
+        p = _fma6(x0, x1, w + 48 * ws, y, o0 + 192, o1 + 192, o2 + 192, kind, p, nc)
+        q = _fma6(x0, x1, w + 56 * ws, y, o0 + 224, o1 + 224, o2 + 224, kind, q, nc)
         a = (vadd(p[0], q[0]), vadd(p[1], q[1]), vadd(p[2], q[2]),
              vadd(p[3], q[3]), vadd(p[4], q[4]), vadd(p[5], q[5]))
-    return (_float_tail(n, n64, x0, y, y0, kind, hsum_f32x8(a[0])),
-            _float_tail(n, n64, x0, y, y1, kind, hsum_f32x8(a[1])),
+    s00 = _float_tail(n, n64, x0, y, y0, kind, hsum_f32x8(a[0]))
+    s10 = _float_tail(n, n64, x1, y, y0, kind, hsum_f32x8(a[3]))
+    if nc == 1:
+        return (s00, s00, s00, s10, s10, s10)
+    return (s00, _float_tail(n, n64, x0, y, y1, kind, hsum_f32x8(a[1])),
             _float_tail(n, n64, x0, y, y2, kind, hsum_f32x8(a[2])),
-            _float_tail(n, n64, x1, y, y0, kind, hsum_f32x8(a[3])),
-            _float_tail(n, n64, x1, y, y1, kind, hsum_f32x8(a[4])),
+            s10, _float_tail(n, n64, x1, y, y1, kind, hsum_f32x8(a[4])),
             _float_tail(n, n64, x1, y, y2, kind, hsum_f32x8(a[5])))
 
 
+# the matmul's float kernels, by weight kind: 2 rows x 3 columns (``tile``) or x 1 column (``pair``)
 @_fast
 def dot_tile_f32(n, x0, x1, y, y0, y1, y2):
-    return _float_tile(n, x0, x1, y, y0, y1, y2, 0)
+    return _float_tile(n, x0, x1, y, y0, y1, y2, 0, 3)
 
 
 @_fast
 def dot_tile_f16(n, x0, x1, y, y0, y1, y2):
-    return _float_tile(n, x0, x1, y, y0, y1, y2, 1)
+    return _float_tile(n, x0, x1, y, y0, y1, y2, 1, 3)
 
 
 @_fast
 def dot_tile_bf16(n, x0, x1, y, y0, y1, y2):
-    return _float_tile(n, x0, x1, y, y0, y1, y2, 2)
+    return _float_tile(n, x0, x1, y, y0, y1, y2, 2, 3)
+
+
+@_fast
+def dot_pair_f32(n, x0, x1, y, yo):
+    return _float_tile(n, x0, x1, y, yo, yo, yo, 0, 1)
+
+
+@_fast
+def dot_pair_f16(n, x0, x1, y, yo):
+    return _float_tile(n, x0, x1, y, yo, yo, yo, 1, 1)
+
+
+@_fast
+def dot_pair_bf16(n, x0, x1, y, yo):
+    return _float_tile(n, x0, x1, y, yo, yo, yo, 2, 1)
 
 
 @_fast
