@@ -17,6 +17,8 @@ have no kernel for it) and get_rows on the GPU.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import cuda
 
@@ -173,7 +175,6 @@ DEQUANTIZE = {Type.Q4_0: _q4_0, Type.Q4_1: _q4_1, Type.Q5_0: _q5_0, Type.Q5_1: _
               Type.Q2_K: _q2_K, Type.Q3_K: _q3_K, Type.Q4_K: _q4_K, Type.Q5_K: _q5_K, Type.Q6_K: _q6_K,
               Type.IQ4_NL: _iq4_nl, Type.IQ4_XS: _iq4_xs}
 QUANT_TYPES = tuple(DEQUANTIZE)
-_kernels = {}
 
 
 def _make_rows_kernel(value):
@@ -210,12 +211,10 @@ def _make_rows_kernel(value):
     return dequantize_rows
 
 
+@functools.cache
 def rows_kernel(type_):
     """The dequantizing rows kernel of ``type_`` (compiled at its first launch)."""
-    k = _kernels.get(type_)
-    if k is None:
-        k = _kernels[type_] = _make_rows_kernel(DEQUANTIZE[type_])
-    return k
+    return _make_rows_kernel(DEQUANTIZE[type_])
 
 
 def rows_grid(ne):

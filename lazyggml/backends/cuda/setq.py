@@ -11,6 +11,8 @@ rows (``elementwise.grid_rows`` over blocks), one thread per block.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import cuda
 
@@ -18,7 +20,6 @@ from ...types import Type
 from .common import device, jit_kernel, plane, roundf, wrap
 
 F32_MAX = np.float32(3.4028234663852886e38)
-_kernels = {}
 
 
 @device
@@ -164,9 +165,7 @@ def _make_rows_kernel(quant):
     return quantize_rows
 
 
+@functools.cache
 def rows_kernel(type_):
     """The quantizing rows kernel of ``type_`` (compiled at its first launch)."""
-    k = _kernels.get(type_)
-    if k is None:
-        k = _kernels[type_] = _make_rows_kernel(QUANTIZE[type_])
-    return k
+    return _make_rows_kernel(QUANTIZE[type_])
