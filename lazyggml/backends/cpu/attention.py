@@ -1,167 +1,374 @@
-"""FLASH_ATTN_EXT on the CPU: fused attention with an online softmax (GGML's
-``ggml_compute_forward_flash_attn_ext``, its one-row-at-a-time path).
+"""FLASH_ATTN_EXT on the CPU: fused attention with an online softmax, with the arithmetic of GGML's
+CPU kernel (``ggml_compute_forward_flash_attn_ext_f16``), so that a model run with flash attention
+gives llama.cpp's numbers.
 
 Shapes, in GGML's order: ``q`` F32 [D, n_q, n_head, ne3]; ``k`` [D, n_kv, n_head_kv, ne3k] and ``v``
-[Dv, n_kv, n_head_kv, ne3k], F16 (read through their bits, ``common.to_f32``) or F32, any strides
-with packed rows; ``mask`` optional, F16 or F32, [n_kv, >= n_q, m2, m3]; the result F32
-[Dv, n_head, n_q, ne3]. The kernel is parallel over the (query, head, ne3) rows; for each one,
-with ``ik2 = iq2 // (n_head / n_head_kv)`` and ``ik3 = iq3 // (ne3 / ne3k)`` (GQA's broadcast):
+[Dv, n_kv, n_head_kv, ne3k], F16 (read through their bits) or F32, any strides with packed rows;
+``mask`` optional, F16 or F32, [n_kv, >= n_q, m2, m3]; the result F32 [Dv, n_head, n_q, ne3]. Query
+row (iq1, iq2, iq3) attends to head ``ik2 = iq2 // (n_head / n_head_kv)`` of batch ``ik3 = iq3 //
+(ne3 / ne3k)`` (GQA's broadcast). Per cell ``ic``: ``mv = slope * mask[iq3 % m3, iq2 % m2, iq1, ic]``
+(0 without a mask; ``slope`` is ALiBi's, ``softmax.alibi_slopes``, 1 without ALiBi); a cell with
+``mv == -inf`` is left out; ``s = scale' * q·k[ic]``, with a soft cap ``s = softcap * tanh(s)`` where
+``scale' = scale / softcap`` (a float32 division, as GGML's kernels do; ``op_params`` keep the
+caller's scale); then ``s += mv``. The result row is ``sum_ic exp(s_ic - M) v[ic] / S``, zeros when
+every cell is masked (``S == 0``).
 
-* ``slope`` is ALiBi's slope of head ``iq2`` when ``max_bias > 0`` (``softmax.alibi_slopes``,
-  GGML's float32 formula, as SOFT_MAX), else 1;
-* for each cell ``ic``: ``mv = slope * mask[iq3 % m3, iq2 % m2, iq1, ic]`` (0 without a mask); a
-  cell with ``mv == -inf`` is skipped; ``s = scale' * q·k[ic]``, the dot product summed in
-  float32: with F16 K and D a multiple of 8 as 8-lane FMAs (two chains, added, ``hsum_f32x8``),
-  else over four interleaved partial sums (``_dot``); with a soft cap ``s = softcap * tanh(s)``,
-  where ``scale' = scale / softcap`` (divided in float32 when the plan is made, as GGML's kernels
-  divide it; ``op_params`` keep the caller's scale), else ``scale' = scale``; then ``s += mv``;
-* online softmax over blocks of ``_BLOCK`` (8) cells that are not skipped, in order: a running
-  maximum ``M`` (from -inf) and sum ``S`` (from 0); when the block's largest ``s`` exceeds ``M``,
-  it becomes ``M`` and the accumulator and ``S`` are rescaled by ``ms = exp(M_old - M)``; then
-  each cell of the block adds its row of ``v`` with weight ``w = exp(s - M)`` to the accumulator
-  (with F16 V and Dv a multiple of 8 as 8-lane FMAs, one pass over the accumulator per block) and
-  ``w`` to ``S``;
-* the result row is ``acc / S``, and zeros when ``S == 0`` (every cell masked).
+GGML has three paths, and so do we, chosen from the shapes as GGML chooses:
 
-The accumulator is the result row itself (a fresh F32 tensor, never a source's memory); the only
-scratch is a block's scores and V offsets. K and V are read through 1-D views of their bits at
-element offsets (``_flat``). Everything is float32: GGML's CPU kernel rounds ``q`` to F16 for the dot
-product and accumulates the weighted ``v`` rows in F16 when K/V are F16 (``VKQ16``); we keep ``q``
-and the accumulator in float32 instead, which is closer to the exact result (the F16 op cases allow
-GGML's flash-attention NMSE, 5e-4). ``exp`` and ``tanh`` are taken in float32, where GGML calls
-``expf`` and ``tanhf``. ``op_params``' precision (``PREC_F32``) changes nothing here.
+* **tiled** (``n_q >= 64``, K and V both F16 or both F32: a prompt): float32 throughout. Cells go
+  in windows of 64 (``GGML_FA_TILE_KV``), queries in tiles of up to 64 rows of one head sharing a
+  window of K converted and transposed once (``_tile``). A score is a float32 FMA chain over D (its
+  ``simd_gemm``), then ``* scale'``, the soft cap, ``+ mv``; per window and row, the largest score
+  ``top`` (window skipped if -inf); a new maximum rescales the row's sums by ``expf(M - M_new)``;
+  the weights are ``ggml_v_expf(s - M)`` (``elementwise.v_expf``) summed as
+  ``ggml_vec_soft_max_f32`` (8-lane groups, each ``hsum``'ed, added in double) into the float32
+  ``S``, and the V rows are added with FMAs in cell order.
+* **row by row** (everything else, decode above all: GGML's ``_one_chunk``): q is rounded to K's
+  ``vec_dot_type`` (F16 for F16 K), the dot product is ``ggml_vec_dot_f16`` / ``_f32`` (four
+  8-lane FMA chains over steps of 32, reduced pairwise and hadd'ed, the last ``D % 32`` products
+  added in double), and each cell updates the row at once: a new maximum scales the accumulator by
+  ``ms = expf(M_old - s)``, otherwise the cell's weight is ``vs = expf(s - M)``; ``acc = acc*ms``
+  then ``acc += v*vs`` and ``S = S*ms + vs``. With F16 V the accumulator is GGML's ``VKQ16``: F16,
+  so rounded to F16 after every step (``simd.round_f16x8``).
+* **split cells** (one query, ``ne3 == 1``, K and V both F16 or both F32, ``n_kv >= 512``):
+  the cells are cut into ``n_threads`` chunks of ``ceil(n_kv / n_threads)``; each (head, chunk) runs
+  row by row into a partial (M, S, acc), and ``_reduce_chunks`` combines them in chunk order in
+  float32 (``acc = acc*exp(M - M') + acc_c*exp(M_c - M')``). GGML's thread count is part of its
+  result here: ours is the plan's.
+
+GGML's x86 builds use AVX2 or AVX-512 lanes as the machine has them; we follow its AVX2 code, so
+against an AVX-512 build sums differ in their last bits. Where GGML calls ``expf`` and ``tanhf``,
+so do we; ``op_params``' precision (``PREC_F32``) changes nothing on the CPU, as in GGML.
 """
 from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 from ...cache import tie_cache
 from ...ops import Op, flash_attn_params
 from ...types import Type
-from . import common, quant, simd
+from . import common, elementwise, quant, simd
 from .table import forward
-from .common import KIND, KIND_F16, as_bits, launch, parallel_kernel, to_f32, unravel_row
-from .simd import (f16x8_to_f32, fma, hsum_f32x8, load_f32x8, load_i16x8, splat_f32x8, store_f32x8,
-                   vadd, vmul)
+from .common import KIND, KIND_F16, KIND_F32, as_bits, launch, parallel_kernel, to_f32, from_f32, unravel_row
+from .elementwise import v_expf
+from .simd import (f16x8_to_f32, fma, hsum_f32x8, lane, load_f32x8, load_i16x8, round_f16x8, splat_f32x8,
+                   store_f32x8, vadd, vmul)
 from .softmax import alibi_slopes
 
 _kernel = njit(cache=True, error_model="numpy")
-_pkernel = parallel_kernel
 
 _F32 = np.float32
+_NEG_INF = -np.float32(np.inf)
 _NO_MASK = np.zeros((1, 1, 1, 1), np.uint32)
-_BLOCK = 8     # cells per softmax step: one rescale, and one pass over the output row, per block
+_NO_PARTS = np.zeros((1, 1, 1), np.float32)
+_BLOCK = 8            # cells whose dot products the row-by-row path takes together
+_TILE = 64            # GGML_FA_TILE_Q = GGML_FA_TILE_KV: batches of >= 64 queries take the tiled path
+_SPLIT_MIN_KV = 512   # one query over at least this many cells: the cells are split between threads
 
 
 @_kernel
-def _dot(x, y, yo, ykind, n):
-    """``x·y[yo:yo+n]`` in float32 over four interleaved partial sums (independent chains, as SIMD
-    lanes)."""
-    s0 = s1 = s2 = s3 = np.float32(0.0)
-    n4 = n - n % 4
-    for i in range(0, n4, 4):
-        s0 += x[i] * to_f32(y[yo + i], ykind)
-        s1 += x[i + 1] * to_f32(y[yo + i + 1], ykind)
-        s2 += x[i + 2] * to_f32(y[yo + i + 2], ykind)
-        s3 += x[i + 3] * to_f32(y[yo + i + 3], ykind)
-    for i in range(n4, n):
-        s0 += x[i] * to_f32(y[yo + i], ykind)
-    return (s0 + s1) + (s2 + s3)
+def _stored(x, kind):
+    """``x`` as an element of the given kind holds it (F16: rounded to nearest even)."""
+    return to_f32(from_f32(x, kind), kind) if kind == KIND_F16 else x
 
 
-@_pkernel
-def flash_attn(q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask, slopes, scale, softcap, dst):
-    nq3, nq2, nq1, d = q.shape          # (ne3, n_head, n_q, D)
-    nk3, nk2, n_kv = kshape
-    dv = dst.shape[3]
-    m3, m2 = mask.shape[0], mask.shape[1]
-    r2, r3 = nq2 // nk2, nq3 // nk3
-    scale32, softcap32 = np.float32(scale), np.float32(softcap)
-    neg_inf = -np.float32(np.inf)
-    # F16 rows of whole 8-lane vectors take the SIMD loops, written out here rather than in helpers:
-    # an inlined helper's array arguments cost an atomic reference count per call (per cell)
-    kvec = kkind == KIND_F16 and d % 8 == 0
-    vvec = vkind == KIND_F16 and dv % 8 == 0
-    d16 = d - d % 16
-    for r in prange(nq3 * nq2 * nq1):
-        iq3, iq2, iq1 = unravel_row(r, nq1, nq2)
-        ik2, ik3 = iq2 // r2, iq3 // r3
-        ko, vo = ik3 * kst[0] + ik2 * kst[1], ik3 * vst[0] + ik2 * vst[1]
-        qr = q[iq3, iq2, iq1]
-        out = dst[iq3, iq1, iq2]
-        for j in range(dv):
-            out[j] = np.float32(0.0)
-        slope = slopes[iq2]
-        mr = mask[iq3 % m3, iq2 % m2, iq1 if has_mask else 0]
-        sc = np.empty(_BLOCK, np.float32)   # a block's scores, then their weights
-        rows = np.empty(_BLOCK, np.int64)   # and the offsets of their V rows
-        big = neg_inf                    # the running maximum M
-        total = np.float32(0.0)          # the running sum S
-        ic = 0
-        while ic < n_kv:
-            # gather the scores of the next _BLOCK cells that are not masked (independent dot products)
-            nb = 0
-            while nb < _BLOCK and ic < n_kv:
-                cell = ic
-                ic += 1
-                mv = np.float32(0.0)
-                if has_mask:
-                    mv = slope * to_f32(mr[cell], mkind)
-                    if mv == neg_inf:
-                        continue
-                kr = ko + cell * kst[2]
-                if kvec:    # two chains of 8-lane FMAs, so that one FMA's latency does not stall the next
-                    a = splat_f32x8(0.0)
-                    b = splat_f32x8(0.0)
-                    for i in range(0, d16, 16):
-                        a = fma(load_f32x8(qr, 4 * i), f16x8_to_f32(load_i16x8(k, 2 * (kr + i))), a)
-                        b = fma(load_f32x8(qr, 4 * i + 32), f16x8_to_f32(load_i16x8(k, 2 * (kr + i) + 16)), b)
-                    if d16 < d:
-                        a = fma(load_f32x8(qr, 4 * d16), f16x8_to_f32(load_i16x8(k, 2 * (kr + d16))), a)
-                    s = hsum_f32x8(vadd(a, b)) * scale32
-                else:
-                    s = _dot(qr, k, kr, kkind, d) * scale32
-                if softcap32 != 0:
-                    s = softcap32 * np.float32(math.tanh(s))
-                sc[nb] = s + mv
-                rows[nb] = vo + cell * vst[2]
-                nb += 1
-            if nb == 0:
-                break
-            top = sc[0]
-            for i in range(1, nb):
-                top = max(top, sc[i])
-            if top > big:   # a new maximum: out and S are rescaled by ms = exp(M_old - M)
-                ms = np.float32(math.exp(big - top))
-                big = top
-                total *= ms
-                if vvec:
-                    msv = splat_f32x8(ms)
-                    for j in range(0, dv, 8):
-                        store_f32x8(out, 4 * j, vmul(load_f32x8(out, 4 * j), msv))
-                else:
-                    for j in range(dv):
-                        out[j] *= ms
-            for i in range(nb):
-                sc[i] = np.float32(math.exp(sc[i] - big))
-                total += sc[i]
-            # out += sum of weight * V row over the block: each 8-lane chunk of out loaded and stored once
-            if vvec:
-                for j in range(0, dv, 8):
-                    acc = load_f32x8(out, 4 * j)
-                    for i in range(nb):
-                        acc = fma(splat_f32x8(sc[i]), f16x8_to_f32(load_i16x8(v, 2 * (rows[i] + j))), acc)
-                    store_f32x8(out, 4 * j, acc)
+@_kernel
+def _load8(a, i, kind):
+    """Elements i..i+8 of the F16 or F32 bits ``a``, as float32 lanes."""
+    if kind == KIND_F16:
+        return f16x8_to_f32(load_i16x8(a, 2 * i))
+    return load_f32x8(a, 4 * i)
+
+
+@_kernel
+def _r16(x, round16):
+    return round_f16x8(x) if round16 else x
+
+
+@_kernel
+def _accumulate(acc, v, vkind, rows, fac, wts, nb, round16):
+    """For i < nb, in order: ``acc = acc * fac[i]`` (skipped when 1), then ``acc += wts[i] * v[rows[i]:]``
+    (skipped when the weight is 0: it adds exactly nothing), each result rounded to F16 when
+    ``round16`` (GGML's ``VKQ16``: ``ggml_vec_scale_f16``, ``ggml_vec_mad_f16``). Eight 8-lane chunks
+    of ``acc`` at a time stay in registers over all the cells: independent FMA chains."""
+    dv = acc.shape[0]
+    j = 0
+    while j + 64 <= dv:
+        a0, a1 = load_f32x8(acc, 4 * j), load_f32x8(acc, 4 * j + 32)
+        a2, a3 = load_f32x8(acc, 4 * j + 64), load_f32x8(acc, 4 * j + 96)
+        a4, a5 = load_f32x8(acc, 4 * j + 128), load_f32x8(acc, 4 * j + 160)
+        a6, a7 = load_f32x8(acc, 4 * j + 192), load_f32x8(acc, 4 * j + 224)
+        for i in range(nb):
+            if fac[i] != 1:
+                f = splat_f32x8(fac[i])
+                a0, a1, a2, a3 = _r16(vmul(a0, f), round16), _r16(vmul(a1, f), round16), \
+                    _r16(vmul(a2, f), round16), _r16(vmul(a3, f), round16)
+                a4, a5, a6, a7 = _r16(vmul(a4, f), round16), _r16(vmul(a5, f), round16), \
+                    _r16(vmul(a6, f), round16), _r16(vmul(a7, f), round16)
+            if wts[i] != 0:
+                w = splat_f32x8(wts[i])
+                r = rows[i] + j
+                a0 = _r16(fma(_load8(v, r, vkind), w, a0), round16)
+                a1 = _r16(fma(_load8(v, r + 8, vkind), w, a1), round16)
+                a2 = _r16(fma(_load8(v, r + 16, vkind), w, a2), round16)
+                a3 = _r16(fma(_load8(v, r + 24, vkind), w, a3), round16)
+                a4 = _r16(fma(_load8(v, r + 32, vkind), w, a4), round16)
+                a5 = _r16(fma(_load8(v, r + 40, vkind), w, a5), round16)
+                a6 = _r16(fma(_load8(v, r + 48, vkind), w, a6), round16)
+                a7 = _r16(fma(_load8(v, r + 56, vkind), w, a7), round16)
+        store_f32x8(acc, 4 * j, a0)
+        store_f32x8(acc, 4 * j + 32, a1)
+        store_f32x8(acc, 4 * j + 64, a2)
+        store_f32x8(acc, 4 * j + 96, a3)
+        store_f32x8(acc, 4 * j + 128, a4)
+        store_f32x8(acc, 4 * j + 160, a5)
+        store_f32x8(acc, 4 * j + 192, a6)
+        store_f32x8(acc, 4 * j + 224, a7)
+        j += 64
+    while j + 8 <= dv:
+        a = load_f32x8(acc, 4 * j)
+        for i in range(nb):
+            if fac[i] != 1:
+                a = _r16(vmul(a, splat_f32x8(fac[i])), round16)
+            if wts[i] != 0:
+                a = _r16(fma(_load8(v, rows[i] + j, vkind), splat_f32x8(wts[i]), a), round16)
+        store_f32x8(acc, 4 * j, a)
+        j += 8
+    for jj in range(j, dv):
+        kind = KIND_F16 if round16 else KIND_F32
+        for i in range(nb):
+            if fac[i] != 1:
+                acc[jj] = _stored(acc[jj] * fac[i], kind)
+            if wts[i] != 0:
+                acc[jj] = _stored(fma(to_f32(v[rows[i] + jj], vkind), wts[i], acc[jj]), kind)
+
+
+@_kernel
+def _row_vec(qh, k, kr0, kst1, kkind, d, v, vr0, vst1, vkind, mr, mkind, has_mask, slope, scale32,
+             softcap32, c0, c1, acc):
+    """The row-by-row path for one query row (``qh``: q in K's vec_dot_type) over cells c0..c1: adds
+    the weighted V rows into ``acc`` (zeroed by the caller) and returns (M, S), not yet divided.
+    Cells go by blocks of ``_BLOCK`` that are not masked: their dot products first (independent),
+    then the online softmax cell by cell, then their V rows, cell by cell (``_accumulate``): the
+    same operations in the same order as GGML's cell-at-a-time loop."""
+    d32 = d - d % 32
+    big, total = _NEG_INF, np.float32(0.0)
+    wts = np.empty(_BLOCK, np.float32)    # a block's scores, then their weights vs
+    fac = np.empty(_BLOCK, np.float32)    # and the factor ms each applies first
+    rows = np.empty(_BLOCK, np.int64)     # and the offsets of their V rows
+    cell = c0
+    while cell < c1:
+        nb = 0
+        while nb < _BLOCK and cell < c1:
+            ic = cell
+            cell += 1
+            mv = np.float32(0.0)
+            if has_mask:
+                mv = slope * to_f32(mr[ic], mkind)
+                if mv == _NEG_INF:
+                    continue
+            # ggml_vec_dot_f16 / _f32 (AVX2): four 8-lane FMA chains over 32-element steps, reduced
+            # pairwise, then hadd'ed; the d % 32 last products added in double
+            kr = kr0 + ic * kst1
+            a0 = splat_f32x8(0.0)
+            a1 = splat_f32x8(0.0)
+            a2 = splat_f32x8(0.0)
+            a3 = splat_f32x8(0.0)
+            for i in range(0, d32, 32):
+                a0 = fma(load_f32x8(qh, 4 * i), _load8(k, kr + i, kkind), a0)
+                a1 = fma(load_f32x8(qh, 4 * i + 32), _load8(k, kr + i + 8, kkind), a1)
+                a2 = fma(load_f32x8(qh, 4 * i + 64), _load8(k, kr + i + 16, kkind), a2)
+                a3 = fma(load_f32x8(qh, 4 * i + 96), _load8(k, kr + i + 24, kkind), a3)
+            t = vadd(vadd(a0, a2), vadd(a1, a3))
+            sd = np.float64(((lane(t, 0) + lane(t, 4)) + (lane(t, 1) + lane(t, 5)))
+                            + ((lane(t, 2) + lane(t, 6)) + (lane(t, 3) + lane(t, 7))))
+            for i in range(d32, d):
+                sd += np.float64(qh[i] * to_f32(k[kr + i], kkind))
+            s = np.float32(sd) * scale32
+            if softcap32 != 0:
+                s = softcap32 * np.float32(math.tanh(s))
+            wts[nb] = s + mv
+            rows[nb] = vr0 + ic * vst1
+            nb += 1
+        for i in range(nb):
+            s = wts[i]
+            if s > big:   # a new maximum: what is summed so far is scaled by ms = exp(M_old - s)
+                fac[i] = np.float32(math.exp(big - s))
+                wts[i] = np.float32(1.0)
+                big = s
             else:
-                for i in range(nb):
-                    for j in range(dv):
-                        out[j] += sc[i] * to_f32(v[rows[i] + j], vkind)
-        inv = np.float32(0.0) if total == 0 else np.float32(1.0) / total
+                fac[i] = np.float32(1.0)
+                wts[i] = np.float32(math.exp(s - big))
+            total = fma(total, fac[i], wts[i])
+        _accumulate(acc, v, vkind, rows, fac, wts, nb, vkind == KIND_F16)
+    return big, total
+
+
+@_kernel
+def _tile(q, iq3, iq2, i0, i1, k, kr0, kst1, kkind, v, vr0, vst1, vkind, mask, mkind, has_mask, slope,
+          scale32, softcap32, n_kv, dst):
+    """The tiled path for query rows i0..i1 of head iq2: writes their result rows."""
+    d, dv = q.shape[3], dst.shape[3]
+    nr = i1 - i0
+    mk = mask[iq3 % mask.shape[0], iq2 % mask.shape[1]]
+    kt = np.empty(d * _TILE, np.float32)   # a window of K, transposed: kt[dk * _TILE + c]
+    kq = np.empty(_TILE, np.float32)       # one row's scores in the window, then its weights
+    wts = np.empty(_TILE, np.float32)      # the weights of the cells that are not masked
+    fac = np.ones(_TILE, np.float32)       # fac[0]: the window's rescale of the row, if any
+    rows = np.empty(_TILE, np.int64)       # the offsets of their V rows
+    big = np.full(nr, _NEG_INF, np.float32)
+    total = np.zeros(nr, np.float32)
+    for r in range(nr):
+        dst[iq3, i0 + r, iq2, :] = 0.0
+    for t0 in range(0, n_kv, _TILE):
+        nc = min(_TILE, n_kv - t0)
+        if has_mask:   # skip a window masked for every row of the tile
+            live = False
+            for r in range(nr):
+                for c in range(nc):
+                    if slope * to_f32(mk[i0 + r, t0 + c], mkind) != _NEG_INF:
+                        live = True
+                        break
+                if live:
+                    break
+            if not live:
+                continue
+        for c in range(nc):
+            kr = kr0 + (t0 + c) * kst1
+            for dk in range(d):
+                kt[dk * _TILE + c] = to_f32(k[kr + dk], kkind)
+        for c in range(nc, _TILE):   # the last window's missing cells: zeros, as GGML pads
+            for dk in range(d):
+                kt[dk * _TILE + c] = np.float32(0.0)
+        for r in range(nr):
+            qr = q[iq3, iq2, i0 + r]
+            # the scores: a cell a lane, a float32 FMA chain over D each (GGML's simd_gemm), 64 at once
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = splat_f32x8(0.0)
+            for dk in range(d):
+                x, o = splat_f32x8(qr[dk]), 4 * dk * _TILE
+                a0, a1 = fma(load_f32x8(kt, o), x, a0), fma(load_f32x8(kt, o + 32), x, a1)
+                a2, a3 = fma(load_f32x8(kt, o + 64), x, a2), fma(load_f32x8(kt, o + 96), x, a3)
+                a4, a5 = fma(load_f32x8(kt, o + 128), x, a4), fma(load_f32x8(kt, o + 160), x, a5)
+                a6, a7 = fma(load_f32x8(kt, o + 192), x, a6), fma(load_f32x8(kt, o + 224), x, a7)
+            store_f32x8(kq, 0, a0)
+            store_f32x8(kq, 32, a1)
+            store_f32x8(kq, 64, a2)
+            store_f32x8(kq, 96, a3)
+            store_f32x8(kq, 128, a4)
+            store_f32x8(kq, 160, a5)
+            store_f32x8(kq, 192, a6)
+            store_f32x8(kq, 224, a7)
+            top = _NEG_INF
+            for c in range(_TILE):
+                s = kq[c] * scale32
+                if softcap32 != 0:
+                    s = np.float32(math.tanh(s)) * softcap32
+                if c >= nc:
+                    s = _NEG_INF
+                elif has_mask:
+                    s = s + slope * to_f32(mk[i0 + r, t0 + c], mkind)
+                kq[c] = s
+                top = max(top, s)
+            if top == _NEG_INF:
+                continue
+            new = max(big[r], top)
+            fac[0] = np.float32(1.0)
+            if new > big[r]:
+                fac[0] = np.float32(math.exp(big[r] - new))
+                total[r] *= fac[0]
+            big[r] = new
+            for c in range(_TILE):
+                kq[c] = v_expf(kq[c] - new)
+            sd = 0.0
+            for c8 in range(0, _TILE, 8):
+                sd += np.float64(hsum_f32x8(load_f32x8(kq, 4 * c8)))
+            total[r] = np.float32(np.float64(total[r]) + sd)
+            nb = 0
+            for c in range(nc):
+                if kq[c] != 0 or (nb == 0 and fac[0] != 1):   # the rescale travels with the first cell
+                    wts[nb] = kq[c]
+                    rows[nb] = vr0 + (t0 + c) * vst1
+                    nb += 1
+            _accumulate(dst[iq3, i0 + r, iq2], v, vkind, rows, fac, wts, nb, False)
+    for r in range(nr):
+        inv = np.float32(0.0) if total[r] == 0 else np.float32(1.0) / total[r]
+        out = dst[iq3, i0 + r, iq2]
         for j in range(dv):
             out[j] *= inv
+
+
+@parallel_kernel
+def flash_attn(q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask, slopes, scale, softcap, tiled,
+               nchunk, parts, stats, dst):
+    """One call for every path (module docstring): ``tiled``, or row by row in ``nchunk`` chunks of
+    cells (1: the rows are written to ``dst``; more: to ``parts`` and ``stats``, for
+    ``_reduce_chunks``)."""
+    nq3, nq2, nq1, d = q.shape
+    nk3, nk2, n_kv = kshape
+    dv = dst.shape[3]
+    r2, r3 = nq2 // nk2, nq3 // nk3
+    scale32, softcap32 = np.float32(scale), np.float32(softcap)
+    if tiled:
+        ntile = (nq1 + _TILE - 1) // _TILE
+        for item in prange(nq3 * nq2 * ntile):
+            iq3, iq2, it = unravel_row(item, ntile, nq2)
+            ik2, ik3 = iq2 // r2, iq3 // r3
+            _tile(q, iq3, iq2, it * _TILE, min(nq1, it * _TILE + _TILE), k, ik3 * kst[0] + ik2 * kst[1], kst[2],
+                  kkind, v, ik3 * vst[0] + ik2 * vst[1], vst[2], vkind, mask, mkind, has_mask, slopes[iq2],
+                  scale32, softcap32, n_kv, dst)
+        return
+    clen = (n_kv + nchunk - 1) // nchunk
+    for item in prange(nq3 * nq2 * nq1 * nchunk):
+        r, c = item // nchunk, item % nchunk
+        iq3, iq2, iq1 = unravel_row(r, nq1, nq2)
+        ik2, ik3 = iq2 // r2, iq3 // r3
+        qh = np.empty(d, np.float32)
+        qr = q[iq3, iq2, iq1]
+        for i in range(d):
+            qh[i] = _stored(qr[i], kkind)
+        acc = dst[iq3, iq1, iq2] if nchunk == 1 else parts[r, c]
+        for j in range(dv):
+            acc[j] = np.float32(0.0)
+        mr = mask[iq3 % mask.shape[0], iq2 % mask.shape[1], iq1 if has_mask else 0]
+        big, total = _row_vec(qh, k, ik3 * kst[0] + ik2 * kst[1], kst[2], kkind, d, v,
+                              ik3 * vst[0] + ik2 * vst[1], vst[2], vkind, mr, mkind, has_mask, slopes[iq2],
+                              scale32, softcap32, min(n_kv, c * clen), min(n_kv, c * clen + clen), acc)
+        if nchunk == 1:
+            inv = np.float32(0.0) if total == 0 else np.float32(1.0) / total
+            for j in range(dv):
+                acc[j] *= inv
+        else:
+            stats[r, c, 0] = big
+            stats[r, c, 1] = total
+
+
+@_kernel
+def _reduce_chunks(parts, stats, dst):
+    """GGML's ``ggml_flash_attn_ext_reduce_partials``: each head's chunks combined in chunk order."""
+    n_head, nchunk, dv = parts.shape
+    for h in range(n_head):
+        out = dst[0, 0, h]
+        for j in range(dv):
+            out[j] = np.float32(0.0)
+        big, total = _NEG_INF, np.float32(0.0)
+        for c in range(nchunk):
+            mc, sc = stats[h, c, 0], stats[h, c, 1]
+            if sc == 0:
+                continue
+            new = max(big, mc)
+            f_old, f_new = np.float32(math.exp(big - new)), np.float32(math.exp(mc - new))
+            for j in range(dv):
+                out[j] = fma(out[j], f_old, parts[h, c, j] * f_new)
+            total = fma(total, f_old, sc * f_new)
+            big = new
+        if total != 0:
+            inv = np.float32(1.0) / total
+            for j in range(dv):
+                out[j] *= inv
 
 
 def _supported(node):
@@ -183,10 +390,22 @@ def flash_attn_forward(node, dst, srcs):
         mask, mkind = as_bits(srcs[3]), KIND[mask_t.type]
     k, kst = _flat(srcs[1])
     v, vst = _flat(srcs[2])
-    work = q_t.ne[1] * q_t.ne[2] * q_t.ne[3] * k_t.ne[1] * (k_t.ne[0] + v_t.ne[0])
-    return [launch(flash_attn, work, srcs[0], k, srcs[1].shape[:3], kst, KIND[k_t.type], v, vst,
-                   KIND[v_t.type], mask, mkind, mask_t is not None, alibi_slopes(node.ne[1], max_bias),
-                   float(scale), float(softcap), dst)]
+    n_q, n_kv = q_t.ne[1], k_t.ne[1]
+    same_kv = k_t.type == v_t.type
+    tiled = same_kv and n_q >= _TILE
+    nth = numba.get_num_threads()
+    nchunk = nth if (same_kv and n_q == 1 and q_t.ne[3] == 1 and n_kv >= _SPLIT_MIN_KV) else 1
+    parts, stats = _NO_PARTS, _NO_PARTS
+    if nchunk > 1:
+        parts = np.empty((q_t.ne[2], nchunk, v_t.ne[0]), np.float32)
+        stats = np.empty((q_t.ne[2], nchunk, 2), np.float32)
+    work = q_t.ne[1] * q_t.ne[2] * q_t.ne[3] * n_kv * (k_t.ne[0] + v_t.ne[0])
+    steps = [launch(flash_attn, work, srcs[0], k, srcs[1].shape[:3], kst, KIND[k_t.type], v, vst, KIND[v_t.type],
+                    mask, mkind, mask_t is not None, alibi_slopes(node.ne[1], max_bias), float(scale),
+                    float(softcap), tiled, nchunk, parts, stats, dst)]
+    if nchunk > 1:
+        steps.append((_reduce_chunks, (parts, stats, dst)))
+    return steps
 
 
 def _flat(a):
@@ -202,4 +421,4 @@ def _flat(a):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, elementwise.__file__, __file__)

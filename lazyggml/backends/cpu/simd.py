@@ -628,32 +628,70 @@ def dot4_acc(typingctx, acc, a, b):
 # ---------------------------------------------------------------------------------------------------
 
 
+def _v8(c):
+    return ir.Constant(ir.VectorType(_I32, 8), [c] * 8)
+
+
+def _f16_bits_to_f32(builder, h):
+    """``<8 x i32>`` holding fp16 bits -> ``<8 x float>``, exactly, without F16C: move exponent and
+    mantissa into float32 position and rescale by 2**112 with one float multiply (exact, and it
+    also normalises fp16 subnormals); Inf/NaN get the all-ones exponent."""
+    f8 = f32x8.llvm_type()
+    em = builder.and_(h, _v8(0x7FFF))
+    sign = builder.shl(builder.and_(h, _v8(0x8000)), _v8(16))
+    mag = builder.fmul(builder.bitcast(builder.shl(em, _v8(13)), f8), ir.Constant(f8, [float(2.0 ** 112)] * 8))
+    infnan = builder.bitcast(builder.or_(builder.shl(em, _v8(13)), _v8(0x7F800000)), f8)
+    mag = builder.select(builder.icmp_unsigned(">=", em, _v8(0x7C00)), infnan, mag)
+    return builder.bitcast(builder.or_(builder.bitcast(mag, ir.VectorType(_I32, 8)), sign), f8)
+
+
+def _f32_to_f16_bits(builder, x):
+    """``<8 x float>`` -> ``<8 x i32>`` holding fp16 bits, rounded to nearest even (GGML's
+    ``GGML_CPU_FP32_TO_FP16``), without F16C: the float arithmetic trick of GGML's portable
+    ``ggml_compute_fp32_to_fp16`` (scaled by 2**112 and 2**-110 so that the FPU's own rounding
+    drops the extra mantissa bits), NaN -> sign | 0x7E00."""
+    f8, v8 = f32x8.llvm_type(), ir.VectorType(_I32, 8)
+    w = builder.bitcast(x, v8)
+    mag = builder.bitcast(builder.and_(w, _v8(0x7FFFFFFF)), f8)
+    base = builder.fmul(builder.fmul(mag, ir.Constant(f8, [float(2.0 ** 112)] * 8)),
+                        ir.Constant(f8, [float(2.0 ** -110)] * 8))
+    shl1 = builder.add(w, w)
+    bias = builder.and_(shl1, _v8(0xFF000000))
+    bias = builder.select(builder.icmp_unsigned("<", bias, _v8(0x71000000)), _v8(0x71000000), bias)
+    base = builder.fadd(builder.bitcast(builder.add(builder.lshr(bias, _v8(1)), _v8(0x07800000)), f8), base)
+    bits = builder.bitcast(base, v8)
+    nonsign = builder.add(builder.and_(builder.lshr(bits, _v8(13)), _v8(0x7C00)), builder.and_(bits, _v8(0x0FFF)))
+    nonsign = builder.select(builder.icmp_unsigned(">", shl1, _v8(0xFF000000)), _v8(0x7E00), nonsign)
+    return builder.or_(builder.lshr(builder.and_(w, _v8(0x80000000)), _v8(16)), nonsign)
+
+
 @intrinsic
 def f16x8_to_f32(typingctx, a):
-    """8 fp16 bit patterns (``<8 x i16>``) to 8 float32, exactly. F16C: ``vcvtph2ps``.
-    Portable: move exponent/mantissa into float32 position and rescale by 2**112 with one float
-    multiply (exact, and it also normalises fp16 subnormals); Inf/NaN get the all-ones exponent."""
+    """8 fp16 bit patterns (``<8 x i16>``) to 8 float32, exactly. F16C: ``vcvtph2ps``."""
     if a != i16x8:
         return None
 
     def codegen(context, builder, sig, args):
-        f8 = f32x8.llvm_type()
         if HAVE_F16C:
-            h = builder.bitcast(args[0], ir.VectorType(ir.HalfType(), 8))
-            return builder.fpext(h, f8)
-        v8 = ir.VectorType(_I32, 8)
+            return builder.fpext(builder.bitcast(args[0], ir.VectorType(ir.HalfType(), 8)), f32x8.llvm_type())
+        return _f16_bits_to_f32(builder, builder.zext(args[0], ir.VectorType(_I32, 8)))
 
-        def k(c):
-            return ir.Constant(v8, [c] * 8)
+    return f32x8(a), codegen
 
-        h = builder.zext(args[0], v8)
-        em = builder.and_(h, k(0x7FFF))
-        sign = builder.shl(builder.and_(h, k(0x8000)), k(16))
-        mag = builder.fmul(builder.bitcast(builder.shl(em, k(13)), f8),
-                           ir.Constant(f8, [float(2.0 ** 112)] * 8))
-        infnan = builder.bitcast(builder.or_(builder.shl(em, k(13)), k(0x7F800000)), f8)
-        mag = builder.select(builder.icmp_unsigned(">=", em, k(0x7C00)), infnan, mag)
-        return builder.bitcast(builder.or_(builder.bitcast(mag, v8), sign), f8)
+
+@intrinsic
+def round_f16x8(typingctx, a):
+    """8 float32 rounded to the nearest fp16 value, as float32: what storing them in an F16 tensor
+    and reading them back gives (GGML's F16 accumulators, such as flash attention's ``VKQ16``).
+    F16C: ``vcvtps2ph`` (round to nearest even) and ``vcvtph2ps``."""
+    if a != f32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if HAVE_F16C:
+            h = builder.fptrunc(args[0], ir.VectorType(ir.HalfType(), 8))
+            return builder.fpext(h, f32x8.llvm_type())
+        return _f16_bits_to_f32(builder, _f32_to_f16_bits(builder, args[0]))
 
     return f32x8(a), codegen
 
