@@ -319,7 +319,7 @@ def build_parser():
         sp.add_argument("-ub", "--ubatch-size", type=_number(int, 1), default=None,
                         help="prompt tokens per micro-batch (default 64 on the CPU, 512 when all layers are on a GPU)")
         sp.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"), default="auto",
-                        help="fused attention (FLASH_ATTN_EXT); auto: on when every layer is on a GPU that runs it")
+                        help="fused attention (FLASH_ATTN_EXT); auto: on when every layer's backend runs it")
         sp.add_argument("--no-mmap", action="store_true",
                         help="copy the CPU's weights into memory of their own instead of using the mapped file in place")
         sp.add_argument("-t", "--threads", type=_number(int, 1), default=None,

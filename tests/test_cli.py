@@ -83,8 +83,8 @@ def test_caps_and_stops_are_said(capsys):
 
 
 def test_flash_attention_option(capsys):
-    """``-fa on`` makes the CPU take the fused attention (same text as without: greedy sampling),
-    ``-fa off`` keeps the unfused one, and a wrong value is a usage error."""
+    """``-fa on`` (the CPU's default, ``auto``) takes the fused attention, ``-fa off`` the unfused
+    one, with the same text (greedy sampling); a wrong value is a usage error."""
     texts = []
     for fa in ("on", "off"):
         assert main(["demo", "-n", "8", "--temp", "0", "-fa", fa]) == 0

@@ -281,7 +281,7 @@ for k in kernels:
         out = {}
         for ngl, fa in ((0, None), (99, False), (99, None)):
             model = lg.load_model(path, n_gpu_layers=ngl, device="CUDA0", n_batch=64, flash_attn=fa)
-            assert model.flash_attn == (ngl > 0 and fa is None)
+            assert model.flash_attn == (fa is None)
             out[ngl, fa] = np.concatenate([model.eval(toks[:240])] + [model.eval([t]) for t in toks[240:]])
         assert nmse(out[99, None], out[99, False]) <= 1e-4   # Q8_1 steps amplify last bits (test_llama)
         # the CPU rounds activations to Q8_K, the GPU to Q8_1; a wrong cell or a stale input would

@@ -177,15 +177,16 @@ def test_a_model_larger_than_free_memory_is_refused_before_anything_is_allocated
 
 def test_flash_attention_gives_the_unfused_logits(tiny, monkeypatch):
     """flash_attn=True (FLASH_ATTN_EXT over a V cache stored like K) matches the float64 reference
-    and the unfused path, through a prefill and decode steps; by default the CPU keeps the unfused
-    path; a backend that cannot run the node is refused by name."""
+    and the unfused path, through a prefill and decode steps; by default the CPU takes the fused
+    path (llama.cpp's ``-fa auto``); a backend that cannot run the node is refused by name."""
     path, hp, w, tol = tiny
     toks = _tokens(14, hp.n_vocab, SEED + 3)
     fused = lg.load_model(path, flash_attn=True)
     assert fused.flash_attn and fused.v_cache[0].ne[:2] == (hp.n_embd_v_gqa, fused.n_ctx)
     got = np.concatenate([fused.eval(toks[:9])] + [fused.eval([t]) for t in toks[9:]])
     assert _nmse(got, reference_logits(hp, w, toks)) < tol, f"seed {SEED}"
-    plain = lg.load_model(path)
+    assert lg.load_model(path).flash_attn
+    plain = lg.load_model(path, flash_attn=False)
     assert not plain.flash_attn
     assert _nmse(got, plain.eval(toks)) < tol, f"seed {SEED}"
     ocl = lg.dev_by_name("OpenCL0")

@@ -26,6 +26,10 @@ of the three prompts of ``default.json``, llama.cpp's (argmax of its logits, as 
 against lazyggml's (``Sampler(temp=0)``, one ``eval`` per token); the prompts' token ids must be
 llama.cpp's.
 
+Both engines run with flash attention, the default of each (llama.cpp's ``-fa auto``; llama-cpp-python is
+given ``flash_attn=True``); the default model is also compared without it (``unfused``: ``flash_attn=False``
+on both sides, llama-cpp-python's default, with llama.cpp's kernels as shipped).
+
 llama.cpp runs in two configurations:
 
 * as shipped: ``Llama`` as a user runs it. On x86 this build also (a) repacks Q4_0, Q4_K, IQ4_NL
@@ -138,7 +142,7 @@ def _nmse(a, b):
 
 
 # -- llama.cpp, in a child process ------------------------------------------------------------------
-# argv: the job file, the result file. The job: "reference" (bool), "quantize" [{src, dst, mix,
+# argv: the job file, the result file. The job: "reference" (bool), "flash_attn" (bool), "quantize" [{src, dst, mix,
 # requantize}], "logits" [{path, n_ctx, tokens, out (.npy)}], "greedy" [{path, n_ctx, prompts, n}].
 LLAMA_CPP_CHILD = r"""
 import json, sys
@@ -167,7 +171,8 @@ for q in job["quantize"]:
         sys.exit(f"llama_model_quantize({q}) returned {rc}")
 
 def load(path, n_ctx):
-    return llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=2, logits_all=True, verbose=False)
+    return llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=2, logits_all=True, verbose=False,
+                           flash_attn=job["flash_attn"])
 
 for e in job["logits"]:
     llm = load(e["path"], e["n_ctx"])
@@ -225,7 +230,7 @@ def greedy_prompts():
 
 
 def configs(model):
-    return ("shipped", "reference") if model == "default" else ("shipped",)
+    return ("shipped", "reference", "unfused") if model == "default" else ("shipped",)
 
 
 def build_oracle(d):
@@ -241,18 +246,20 @@ def build_oracle(d):
     quantize = [dict(src=sources[model][0], dst=path, mix=mix, requantize=sources[model][1])
                 for (model, mix), path in files.items()]
     out = {"files": files}
-    for config in ("shipped", "reference"):                  # the first child quantizes
+    for config in ("shipped", "reference", "unfused"):       # the first child quantizes
         keys = [key for key in files if config in configs(key[0])]
         npy = {key: str(d / f"{config}-{key[0]}-{key[1]}.npy") for key in keys}
-        job = dict(reference=config == "reference", quantize=quantize if config == "shipped" else [],
+        greedy = config != "unfused"
+        job = dict(reference=config == "reference", flash_attn=config != "unfused",
+                   quantize=quantize if config == "shipped" else [],
                    logits=[dict(path=files[key], n_ctx=N_CTX, tokens=prompt_tokens(key[0]), out=npy[key])
                            for key in keys],
                    greedy=[dict(path=files["default", mix], n_ctx=N_CTX_GREEDY, prompts=greedy_prompts(),
-                                n=N_GREEDY) for mix in MIXES])
+                                n=N_GREEDY) for mix in MIXES if greedy])
         res = run_llama_cpp(job, d, config)
         for key in keys:
             out["logits", config, *key] = np.load(npy[key])
-        for mix in MIXES:
+        for mix in MIXES if greedy else ():
             out["greedy", config, mix] = res["greedy"][files["default", mix]]
         out["version"] = res["version"]
     return out
@@ -266,11 +273,13 @@ def oracle(tmp_path_factory):
 _OURS = {}
 
 
-def lazyggml_logits(path, tokens):
-    """lazyggml's logits of ``tokens`` from an empty cache (CPU backend), computed once per file."""
-    if path not in _OURS:
-        _OURS[path] = lg.load_model(path, n_ctx=N_CTX, n_threads=THREADS).eval(tokens)
-    return _OURS[path]
+def lazyggml_logits(path, tokens, flash_attn):
+    """lazyggml's logits of ``tokens`` from an empty cache (CPU backend), computed once per file and
+    attention."""
+    if (path, flash_attn) not in _OURS:
+        model = lg.load_model(path, n_ctx=N_CTX, n_threads=THREADS, flash_attn=flash_attn)
+        _OURS[path, flash_attn] = model.eval(tokens)
+    return _OURS[path, flash_attn]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -305,7 +314,7 @@ LOGITS_CASES = [pytest.param(mix, model, config, id=f"{model}-{mix}-{config}")
 
 @pytest.mark.parametrize("mix,model,config", LOGITS_CASES)
 def test_logits_match_llama_cpp(oracle, mix, model, config):
-    ours = lazyggml_logits(oracle["files"][model, mix], prompt_tokens(model))
+    ours = lazyggml_logits(oracle["files"][model, mix], prompt_tokens(model), config != "unfused")
     theirs = oracle["logits", config, model, mix]
     err = _nmse(ours, theirs)
     tol = DEFAULT_TOLERANCE if model == "default" else TINY_TOLERANCE

@@ -13,14 +13,13 @@ One forward pass over a micro-batch of tokens, as llama.cpp's ``build_llama`` bu
         x = x + w_down @ (silu(w_gate @ h) * (w_up @ h))
     logits = output @ (rms_norm(x) * output_norm)
 
-With **flash attention** (``flash_attn``; by default on when every layer sits on a GPU-class
-device that runs ``FLASH_ATTN_EXT``, as llama.cpp's ``-fa auto``) the three attention lines are
+With **flash attention** (``flash_attn``; by default on when every layer's backend runs
+``FLASH_ATTN_EXT``, as llama.cpp's ``-fa auto``) the three attention lines are
 one ``flash_attn_ext(q, k_cache, v_cache, mask)`` node that reads the window's cells once and
-never writes the scores; V is stored like K, a row per cell. The CPU keeps the unfused path by
-default (``-fa on`` takes its FLASH_ATTN_EXT kernel, now as fast or faster): the unfused path is
-llama.cpp's default, without flash attention, to the last bits, while the fused kernel keeps the
-softmax weights in float32 where the KQV product rounds them to F16 (1e-5 to 4e-5 NMSE on the
-embedded model's logits). Without it, the V cache is stored transposed, as llama.cpp's without
+never writes the scores; V is stored like K, a row per cell. The CPU's kernel has the arithmetic of
+GGML's (F16 sums while decoding, float32 tiles for batches of 64 and more), so a model gives
+llama.cpp's numbers when both run with flash attention; ``flash_attn=False`` gives llama.cpp's
+without it (llama-cpp-python's default). Without it, the V cache is stored transposed, as llama.cpp's without
 flash attention (``v_trans``): row j holds element j of every cell, so ``v_cache^T @ kq`` reads
 the window's rows in place instead of transposing the whole window at every step; a token's
 values are written as single elements.
@@ -285,8 +284,8 @@ class LlamaModel:
 
     # -- the graph ----------------------------------------------------------------------------------
     def _pick_flash_attn(self, want):
-        """Flash attention on (``True``), off (``False``) or, for ``None``, on exactly when every layer
-        is on a GPU-class device whose backend runs this model's FLASH_ATTN_EXT node."""
+        """Flash attention on (``True``), off (``False``) or, for ``None``, on exactly when every
+        layer's backend runs this model's FLASH_ATTN_EXT node (llama.cpp's ``-fa auto``)."""
         hp = self.hp
         ctx = Context()
         q = ctx.new_tensor_3d(Type.F32, hp.n_embd_head_k, 1, hp.n_head)
@@ -296,7 +295,7 @@ class LlamaModel:
         layers = self.layer_backends[:-1]
         runs = all(b.supports_op(node) for b in layers)
         if want is None:
-            return runs and all(b.device.type != DeviceType.CPU for b in layers)
+            return runs
         if want and not runs:
             bad = next(b for b in layers if not b.supports_op(node))
             raise ValueError(f"flash attention: the {bad.name} backend cannot run {op_desc(node)} for this "
@@ -530,7 +529,7 @@ def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, pr
     registry), split by ``tensor_split`` ratios or else by free memory (``split_layers``).
     ``n_batch``: tokens per prefill micro-batch (default ``N_BATCH``, or ``N_BATCH_GPU`` when every
     layer is on a GPU). ``flash_attn``: fused attention (``FLASH_ATTN_EXT``) on, off, or by default
-    on when every layer is on a GPU-class device that runs it. ``mmap``: CPU weights are used in
+    on when every layer's backend runs it (llama.cpp's ``-fa auto``). ``mmap``: CPU weights are used in
     place from the mapped file (llama.cpp's ``use_mmap``: held once, by the page cache); ``False``
     copies them into memory of their own (``--no-mmap``)."""
     return LlamaModel(path, n_gpu_layers=n_gpu_layers, device=device, n_ctx=n_ctx, n_threads=n_threads,

@@ -25,8 +25,7 @@ GGML has three paths, and so do we, chosen from the shapes as GGML chooses:
   ``S``, and the V rows are added with FMAs in cell order.
 * **row by row** (everything else, decode above all: GGML's ``_one_chunk``): q is rounded to K's
   ``vec_dot_type`` (F16 for F16 K), the dot product is ``ggml_vec_dot_f16`` / ``_f32`` (four
-  8-lane FMA chains over steps of 32, reduced pairwise and hadd'ed, the last ``D % 32`` products
-  added in double), and each cell updates the row at once: a new maximum scales the accumulator by
+  FMA chains, reduced pairwise, then across lanes; the last products added in double), and each cell updates the row at once: a new maximum scales the accumulator by
   ``ms = expf(M_old - s)``, otherwise the cell's weight is ``vs = expf(s - M)``; ``acc = acc*ms``
   then ``acc += v*vs`` and ``S = S*ms + vs``. With F16 V the accumulator is GGML's ``VKQ16``: F16,
   so rounded to F16 after every step (``simd.round_f16x8``).
@@ -36,9 +35,12 @@ GGML has three paths, and so do we, chosen from the shapes as GGML chooses:
   float32 (``acc = acc*exp(M - M') + acc_c*exp(M_c - M')``). GGML's thread count is part of its
   result here: ours is the plan's.
 
-GGML's x86 builds use AVX2 or AVX-512 lanes as the machine has them; we follow its AVX2 code, so
-against an AVX-512 build sums differ in their last bits. Where GGML calls ``expf`` and ``tanhf``,
-so do we; ``op_params``' precision (``PREC_F32``) changes nothing on the CPU, as in GGML.
+A GGML built for the machine sums float lanes 8 wide with AVX2 and 16 wide with AVX-512; the row-by-row
+dot product follows the width of the target (``simd.HAVE_AVX512``), so the row-by-row path gives the
+bits of such a build (measured: identical to llama.cpp 0.3.36's logits on the embedded model with
+GGML's reference matmuls). The tiled path follows GGML's AVX2 code (its soft_max sums and
+``ggml_v_expf``): against an AVX-512 build, last bits differ. Where GGML calls ``expf`` and
+``tanhf``, so do we; ``op_params``' precision (``PREC_F32``) changes nothing on the CPU, as in GGML.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ from . import common, elementwise, quant, simd
 from .table import forward
 from .common import KIND, KIND_F16, KIND_F32, as_bits, launch, parallel_kernel, to_f32, from_f32, unravel_row
 from .elementwise import v_expf
-from .simd import (f16x8_to_f32, fma, hsum_f32x8, lane, load_f32x8, load_i16x8, round_f16x8, splat_f32x8,
+from .simd import (HAVE_AVX512, f16x8_to_f32, fma, hsum_f32x8, lane, load_f32x8, load_i16x8, round_f16x8, splat_f32x8,
                    store_f32x8, vadd, vmul)
 from .softmax import alibi_slopes
 
@@ -148,6 +150,42 @@ def _accumulate(acc, v, vkind, rows, fac, wts, nb, round16):
 
 
 @_kernel
+def _dot_lanes8(qh, k, kr, kkind, n):
+    """The first ``n`` (a multiple of 32) products of ``ggml_vec_dot_f16`` / ``_f32`` as built for
+    AVX2: four 8-lane FMA chains over 32-element steps, added pairwise, then hadd'ed; in double."""
+    a0 = a1 = a2 = a3 = splat_f32x8(0.0)
+    for i in range(0, n, 32):
+        a0 = fma(load_f32x8(qh, 4 * i), _load8(k, kr + i, kkind), a0)
+        a1 = fma(load_f32x8(qh, 4 * i + 32), _load8(k, kr + i + 8, kkind), a1)
+        a2 = fma(load_f32x8(qh, 4 * i + 64), _load8(k, kr + i + 16, kkind), a2)
+        a3 = fma(load_f32x8(qh, 4 * i + 96), _load8(k, kr + i + 24, kkind), a3)
+    t = vadd(vadd(a0, a2), vadd(a1, a3))
+    return np.float64(((lane(t, 0) + lane(t, 4)) + (lane(t, 1) + lane(t, 5)))
+                      + ((lane(t, 2) + lane(t, 6)) + (lane(t, 3) + lane(t, 7))))
+
+
+@_kernel
+def _dot_lanes16(qh, k, kr, kkind, n):
+    """The same as built for AVX-512 (16-lane vectors, each as two 8-lane halves here): four chains
+    over 64-element steps, added pairwise, then ``_mm512_reduce_add_ps`` (GCC's: the 256-bit halves
+    added, then the 128-bit ones, then lanes 0+2 and 1+3, then those two)."""
+    l0 = h0 = l1 = h1 = l2 = h2 = l3 = h3 = splat_f32x8(0.0)
+    for i in range(0, n, 64):
+        l0 = fma(load_f32x8(qh, 4 * i), _load8(k, kr + i, kkind), l0)
+        h0 = fma(load_f32x8(qh, 4 * i + 32), _load8(k, kr + i + 8, kkind), h0)
+        l1 = fma(load_f32x8(qh, 4 * i + 64), _load8(k, kr + i + 16, kkind), l1)
+        h1 = fma(load_f32x8(qh, 4 * i + 96), _load8(k, kr + i + 24, kkind), h1)
+        l2 = fma(load_f32x8(qh, 4 * i + 128), _load8(k, kr + i + 32, kkind), l2)
+        h2 = fma(load_f32x8(qh, 4 * i + 160), _load8(k, kr + i + 40, kkind), h2)
+        l3 = fma(load_f32x8(qh, 4 * i + 192), _load8(k, kr + i + 48, kkind), l3)
+        h3 = fma(load_f32x8(qh, 4 * i + 224), _load8(k, kr + i + 56, kkind), h3)
+    t = vadd(vadd(vadd(h0, h2), vadd(h1, h3)), vadd(vadd(l0, l2), vadd(l1, l3)))   # high half + low half
+    u0, u1 = lane(t, 4) + lane(t, 0), lane(t, 5) + lane(t, 1)
+    u2, u3 = lane(t, 6) + lane(t, 2), lane(t, 7) + lane(t, 3)
+    return np.float64((u0 + u2) + (u1 + u3))
+
+
+@_kernel
 def _row_vec(qh, k, kr0, kst1, kkind, d, v, vr0, vst1, vkind, mr, mkind, has_mask, slope, scale32,
              softcap32, c0, c1, acc):
     """The row-by-row path for one query row (``qh``: q in K's vec_dot_type) over cells c0..c1: adds
@@ -155,7 +193,7 @@ def _row_vec(qh, k, kr0, kst1, kkind, d, v, vr0, vst1, vkind, mr, mkind, has_mas
     Cells go by blocks of ``_BLOCK`` that are not masked: their dot products first (independent),
     then the online softmax cell by cell, then their V rows, cell by cell (``_accumulate``): the
     same operations in the same order as GGML's cell-at-a-time loop."""
-    d32 = d - d % 32
+    dstep = d - d % (64 if HAVE_AVX512 else 32)   # what the dot product's vector steps cover
     big, total = _NEG_INF, np.float32(0.0)
     wts = np.empty(_BLOCK, np.float32)    # a block's scores, then their weights vs
     fac = np.empty(_BLOCK, np.float32)    # and the factor ms each applies first
@@ -171,22 +209,12 @@ def _row_vec(qh, k, kr0, kst1, kkind, d, v, vr0, vst1, vkind, mr, mkind, has_mas
                 mv = slope * to_f32(mr[ic], mkind)
                 if mv == _NEG_INF:
                     continue
-            # ggml_vec_dot_f16 / _f32 (AVX2): four 8-lane FMA chains over 32-element steps, reduced
-            # pairwise, then hadd'ed; the d % 32 last products added in double
             kr = kr0 + ic * kst1
-            a0 = splat_f32x8(0.0)
-            a1 = splat_f32x8(0.0)
-            a2 = splat_f32x8(0.0)
-            a3 = splat_f32x8(0.0)
-            for i in range(0, d32, 32):
-                a0 = fma(load_f32x8(qh, 4 * i), _load8(k, kr + i, kkind), a0)
-                a1 = fma(load_f32x8(qh, 4 * i + 32), _load8(k, kr + i + 8, kkind), a1)
-                a2 = fma(load_f32x8(qh, 4 * i + 64), _load8(k, kr + i + 16, kkind), a2)
-                a3 = fma(load_f32x8(qh, 4 * i + 96), _load8(k, kr + i + 24, kkind), a3)
-            t = vadd(vadd(a0, a2), vadd(a1, a3))
-            sd = np.float64(((lane(t, 0) + lane(t, 4)) + (lane(t, 1) + lane(t, 5)))
-                            + ((lane(t, 2) + lane(t, 6)) + (lane(t, 3) + lane(t, 7))))
-            for i in range(d32, d):
+            if HAVE_AVX512:
+                sd = _dot_lanes16(qh, k, kr, kkind, dstep)
+            else:
+                sd = _dot_lanes8(qh, k, kr, kkind, dstep)
+            for i in range(dstep, d):   # the last products in double
                 sd += np.float64(qh[i] * to_f32(k[kr + i], kkind))
             s = np.float32(sd) * scale32
             if softcap32 != 0:

@@ -75,6 +75,9 @@ if _REQUEST not in ("auto", "portable"):
 HAVE_AVX2 = _REQUEST == "auto" and "avx2" in _FEATURES
 #: True when fp16 -> fp32 lanes can use F16C's ``vcvtph2ps`` (``fpext <8 x half>``).
 HAVE_F16C = _REQUEST == "auto" and "f16c" in _FEATURES and "avx" in _FEATURES
+#: True when the target has AVX-512F, where a GGML built for the machine sums float lanes 16 wide
+#: (``GGML_F32_EPR`` 16): kernels that follow GGML's lane order for floats read it.
+HAVE_AVX512 = _REQUEST == "auto" and "avx512f" in _FEATURES
 #: True when ``madd_acc`` can use AVX-512 VNNI's ``vpdpwssd`` on 256-bit registers.
 HAVE_VNNI = HAVE_AVX2 and "avx512vnni" in _FEATURES and "avx512vl" in _FEATURES
 #: True when ``crumb`` can use GFNI's ``vgf2p8affineqb`` (a shift and a mask of bytes in one instruction).
