@@ -13,7 +13,9 @@ Models:
   (76M parameters in the layers, 125M with the embeddings and the output).
   Written once into ``--model-dir`` (a temporary folder unless given) and reused from there.
 
-Each engine loads the model once with the same context and thread count (``--threads``, 2), does
+Each engine loads the model once with the same context, thread count (``--threads``, 2) and
+attention (``--flash-attn``: ``on``, fused, the default of lazyggml and of llama.cpp's own tools;
+``off``, llama-cpp-python's default), does
 one untimed warm-up (a 128-token prefill and 8 decode steps, so that every kernel is compiled and
 every graph shape has been seen once), then per run: reset the KV cache, prefill ``--n-prompt``
 (128) random token ids in one ``eval`` call (timed: prefill tok/s = 128 / time), then decode
@@ -25,11 +27,11 @@ Each engine runs in a child process of its own that loads the model once and ans
 request, so the two engines' runs alternate (lazyggml, llama.cpp, lazyggml, ...), background load
 hits both alike, and each process's memory is its engine's alone:
 
-* lazyggml: ``lg.load_model(path, n_ctx=..., n_threads=...)``, ``model.eval(ids, logits_all=False)``
+* lazyggml: ``lg.load_model(path, n_ctx=..., n_threads=..., flash_attn=...)``, ``model.eval(ids, logits_all=False)``
   (prefill goes in micro-batches of ``lazyggml.models.llama.N_BATCH`` tokens), ``model.reset()``,
   in this interpreter;
 * llama.cpp: ``llama_cpp.Llama(path, n_ctx=..., n_threads=..., n_threads_batch=..., n_batch=128,
-  logits_all=False, verbose=False)`` (llama-cpp-python, optional), ``llm.eval(ids)``,
+  logits_all=False, flash_attn=..., verbose=False)`` (llama-cpp-python, optional), ``llm.eval(ids)``,
   ``llm.reset()``, in ``--llama-python`` (by default this interpreter if it can ``import
   llama_cpp``, else ``/tmp/llvenv/bin/python`` or ``$LLAMA_CPP_PYTHON`` if those can). Without
   llama-cpp-python, lazyggml is reported alone.
@@ -96,14 +98,14 @@ try:
         import llama_cpp
         llm = llama_cpp.Llama(cfg["path"], n_ctx=cfg["n_ctx"], n_threads=cfg["n_threads"],
                               n_threads_batch=cfg["n_threads"], n_batch=cfg["n_batch"], logits_all=False,
-                              verbose=False)
+                              flash_attn=cfg["flash_attn"], verbose=False)
         reset, prefill, step = llm.reset, llm.eval, lambda tok: llm.eval([tok])
         info = {"version": llama_cpp.__version__,
                 "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
     else:
         sys.path.insert(0, cfg["root"])
         import lazyggml as lg
-        m = lg.load_model(cfg["path"], n_ctx=cfg["n_ctx"], n_threads=cfg["n_threads"])
+        m = lg.load_model(cfg["path"], n_ctx=cfg["n_ctx"], n_threads=cfg["n_threads"], flash_attn=cfg["flash_attn"])
         reset, prefill, step = m.reset, lambda ids: m.eval(ids, logits_all=False), lambda tok: m.eval([tok], logits_all=False)
         info = {"version": lg.__version__}
 except Exception as e:
@@ -229,7 +231,8 @@ def bench_model(name, path, args, llama_python, rows):
     # ids above the usual specials (0..2) of a SentencePiece vocabulary; any id is a valid input
     ids = rng.integers(3, hp.n_vocab, args.n_prompt + args.n_gen).tolist()
     cfg = dict(path=str(path), n_ctx=n_ctx, n_threads=args.threads, n_batch=args.n_prompt, root=ROOT,
-               prompt=ids[:args.n_prompt], gen=ids[args.n_prompt:], n_warmup_decode=N_WARMUP_DECODE)
+               prompt=ids[:args.n_prompt], gen=ids[args.n_prompt:], n_warmup_decode=N_WARMUP_DECODE,
+               flash_attn=args.flash_attn == "on")
     print(f"\n{name}: {path} ({n_params / 1e6:.1f}M parameters, {hp.n_layer} layers, n_embd {hp.n_embd}, "
           f"n_vocab {hp.n_vocab}), n_ctx {n_ctx}", flush=True)
     engines, llama_info = {}, None
@@ -286,7 +289,7 @@ def profile_decode(path, args, n_steps):
     import pstats
     from numba.core.dispatcher import Dispatcher
     hp, _ = model_params(path)
-    m = lg.load_model(path, n_ctx=min(N_CTX, hp.n_ctx_train), n_threads=args.threads)
+    m = lg.load_model(path, n_ctx=min(N_CTX, hp.n_ctx_train), n_threads=args.threads, flash_attn=args.flash_attn == "on")
     rng = np.random.default_rng(99)
     ids = rng.integers(3, hp.n_vocab, args.n_prompt + 1 + n_steps).tolist()
     gen = ids[args.n_prompt + 1:]
@@ -357,6 +360,9 @@ def main():
                     help="N busy processes beside both engines during the timed runs (default 0: idle)")
     ap.add_argument("--models", default="default,llama-125m",
                     help="comma-separated: default, llama-125m (Q4_K_M), llama-125m:TYPE (every matrix TYPE, e.g. q5_0)")
+    ap.add_argument("--flash-attn", choices=("on", "off"), default="on",
+                    help="both engines with fused attention (on: lazyggml's default and llama.cpp's -fa auto on "
+                         "the CPU) or without (off: llama-cpp-python's default)")
     ap.add_argument("--model-dir", help="where to write (and reuse) the random 125M model")
     ap.add_argument("--llama-python", help="interpreter with llama-cpp-python ('none' to skip llama.cpp)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -425,6 +431,7 @@ def main():
         f"{args.load} busy processes beside the engines (`--load`)",
         f"* prefill: {args.n_prompt} random token ids in one eval; decode: {args.n_gen} single-token evals "
         f"after it; median of {args.runs} runs, engines alternating; ratio = lazyggml tok/s / llama.cpp tok/s",
+        f"* flash attention: {args.flash_attn} in both engines (`--flash-attn`)",
     ]
     if prof:
         meta.append(f"* lazyggml decode profile (`--profile`, {os.path.basename(last_path)}): {prof}")

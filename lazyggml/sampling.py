@@ -60,7 +60,23 @@ def top_k(ids, logits, k: int):
 def top_p(ids, logits, p: float, min_keep: int = 1):
     """Keep the most likely tokens until their probability sum reaches ``p`` (the token that
     crosses ``p`` included, at least ``min_keep``); ``p >= 1`` keeps all."""
-    ids, logits = _sorted(ids, logits)
+    return _top_p(*_sorted(ids, logits), p, min_keep)
+
+
+def min_p(ids, logits, p: float, min_keep: int = 1):
+    """Keep the tokens whose probability is at least ``p`` times the best one's, i.e. whose logit is
+    at least ``max + log(p)``; ``p <= 0`` keeps all."""
+    return _min_p(*_sorted(ids, logits), p, min_keep)
+
+
+def temperature(ids, logits, t: float):
+    """Divide the logits by ``t``; ``t <= 0`` keeps only the best token (greedy)."""
+    return _temperature(*_sorted(ids, logits), t)
+
+
+# The filters on candidates already sorted (as every filter returns them): the chain sorts once.
+
+def _top_p(ids, logits, p, min_keep=1):
     if p >= 1.0:
         return ids, logits
     cum = np.cumsum(softmax(logits))
@@ -68,19 +84,14 @@ def top_p(ids, logits, p: float, min_keep: int = 1):
     return ids[:n], logits[:n]
 
 
-def min_p(ids, logits, p: float, min_keep: int = 1):
-    """Keep the tokens whose probability is at least ``p`` times the best one's, i.e. whose logit is
-    at least ``max + log(p)``; ``p <= 0`` keeps all."""
-    ids, logits = _sorted(ids, logits)
+def _min_p(ids, logits, p, min_keep=1):
     if p <= 0.0:
         return ids, logits
     n = max(min_keep, int(np.count_nonzero(logits >= logits[0] + np.float32(np.log(p)))))
     return ids[:n], logits[:n]
 
 
-def temperature(ids, logits, t: float):
-    """Divide the logits by ``t``; ``t <= 0`` keeps only the best token (greedy)."""
-    ids, logits = _sorted(ids, logits)
+def _temperature(ids, logits, t):
     if t <= 0.0:
         return ids[:1], logits[:1]
     return ids, logits / np.float32(t)
@@ -109,13 +120,12 @@ class Sampler:
     def candidates(self, logits):
         """The ``(ids, logits)`` left after the filters, before the draw."""
         logits = np.asarray(logits, dtype=np.float32).reshape(-1)
-        if logits.size == 0 or np.isnan(logits).any() or not np.isfinite(logits.max()):
+        if logits.size == 0 or not np.isfinite(logits.max()):    # a NaN anywhere makes the max NaN
             raise ValueError("logits must be a non-empty row with no NaN and at least one finite value")
-        ids = np.arange(logits.size)
-        ids, logits = top_k(ids, logits, self.top_k)
-        ids, logits = top_p(ids, logits, self.top_p)
-        ids, logits = min_p(ids, logits, self.min_p)
-        return temperature(ids, logits, self.temp)
+        ids, logits = top_k(np.arange(logits.size), logits, self.top_k)   # sorted from here on
+        ids, logits = _top_p(ids, logits, self.top_p)
+        ids, logits = _min_p(ids, logits, self.min_p)
+        return _temperature(ids, logits, self.temp)
 
     def sample(self, logits) -> int:
         """Draw the next token id from one row of logits (any float array of ``n_vocab`` values)."""

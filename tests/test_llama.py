@@ -378,9 +378,8 @@ def test_logits_split_over_two_devices(two_layer_model, deferred):
     ref = [cpu.eval(toks, logits_all=False)] + [cpu.eval([t]) for t in toks[:3]]
     devs = [StandInDevice("DEV0", deferred), StandInDevice("DEV1", deferred)]
     assert lg.load_model(two_layer_model, n_gpu_layers=3, device=devs).n_batch == 256   # N_BATCH_GPU, capped
-    # three micro-batches; the CPU's attention (stand-ins run CPU kernels, and would take the fused
-    # attention as GPU-class devices: another rounding of the same values)
-    model = lg.load_model(two_layer_model, n_gpu_layers=3, device=devs, n_batch=64, flash_attn=False)
+    # three micro-batches, with the CPU's kernels (stand-ins run them) and the same fused attention
+    model = lg.load_model(two_layer_model, n_gpu_layers=3, device=devs, n_batch=64)
     assert [b.name for b in model.backends] == ["DEV0", "DEV1", "CPU"]
     assert [b.name for b in model.layer_backends] == ["DEV0", "DEV0", "DEV1"]   # 0, 1/3 | 2/3
     assert model.sched.n_copies == (4 if deferred else 1)
