@@ -81,9 +81,12 @@ DECODE_MAX_COLS = 8
 # 92 -> 76 µs; more, fewer tasks lose the balance between threads.
 DECODE_TASKS_PER_THREAD = 4
 DECODE_RT_MIN, DECODE_RT_MAX = 16, 128
-# below this many multiply-adds one thread beats waking the others: libgomp's workers spin a
-# while after a parallel region, so the next one costs ~3 µs (a 768x768 Q4_K mat-vec is ~60 µs)
-PARALLEL_MIN_MACS = 1 << 16
+# below this many multiply-adds one thread beats waking the others: a parallel region costs ~3 µs
+# even while libgomp's workers still spin from the last one, and more when its tasks land on the
+# other core's cache. Measured (2 threads, weights in cache, best of 9): Q4_K 256x256 4.5 µs on
+# one thread, 7.1 on two; 768x256 11.0 / 10.0-12.5; 256x768 8.6 / 9.4-9.7; Q6_K 1024x256
+# 12.8 / 12.4-13.6; 768x768 21.9 / 16.5-22.3; 2048x768 57-74 / 38-44.
+PARALLEL_MIN_MACS = 1 << 18
 # ... and for float weights, which at decode are the attention's KQ and KQV products: rows of a
 # head's 64 values, each with its own horizontal sum, ~6.5 GMAC/s a thread. Measured (F16 KQ of
 # one token over 256 cells): 4 heads (the embedded model's, 65536 multiply-adds) take 10.3 µs on
