@@ -941,21 +941,35 @@ def quantize_row_q8_K(x, y):
     """quantize_row_q8_K_ref: iscale = -127/max with max the SIGNED largest value, so d = 1/iscale
     is negative when that value is positive; q = min(127, nearest_int(iscale*x));
     bsums[g] = sum of qs[16g..16g+15]. An all-zero block gets d = 0, qs = 0 and (unlike GGML,
-    which leaves them untouched) bsums = 0."""
+    which leaves them untouched) bsums = 0. This is every activation row of a K-quant matmul, so
+    each pass is a loop without branches that LLVM vectorizes (the largest |x| first, then the
+    first value that has it): ~10x the speed of one pass that tracks both."""
+    q = np.empty(QK_K, np.int32)
     for i in range(x.shape[0] // QK_K):
         xb = x[i * QK_K:(i + 1) * QK_K]
         yb = y[i * 292:(i + 1) * 292]
-        amax, vmax = _signed_absmax(xb)
+        # the largest |x| as the bits of |x| (ordered as the values; NaN's bits count as 0): an
+        # integer max, which vectorizes where a float one (NaN's order) does not
+        xi = xb.view(np.int32)
+        amax = np.int32(0)
+        for j in range(QK_K):
+            a = xi[j] & np.int32(0x7FFFFFFF)
+            amax = max(amax, a if a <= np.int32(0x7F800000) else np.int32(0))
         if amax == 0:
             yb.fill(0)
             continue
-        iscale = np.float32(-127.0) / vmax
+        j = 0
+        while xi[j] & np.int32(0x7FFFFFFF) != amax:
+            j += 1
+        iscale = np.float32(-127.0) / xb[j]
+        for j in range(QK_K):   # nearest_int, in int32 lanes
+            bits = np.float32(iscale * xb[j] + np.float32(12582912.0)).view(np.int32)
+            q[j] = min(np.int32(127), np.int32((bits & np.int32(0x7FFFFF)) - np.int32(0x400000)))
+            yb[4 + j] = np.uint8(q[j] & 0xFF)
         for g in range(QK_K // 16):
-            bsum = 0
+            bsum = np.int32(0)
             for j in range(16 * g, 16 * g + 16):
-                q = min(127, nearest_int(iscale * xb[j]))
-                yb[4 + j] = q & 0xFF
-                bsum += q
+                bsum += q[j]
             yb[260 + 2 * g] = bsum & 0xFF
             yb[261 + 2 * g] = (bsum >> 8) & 0xFF
         _store_u32(yb, 0, np.float32(np.float32(1.0) / iscale).view(np.uint32))
