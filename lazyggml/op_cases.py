@@ -807,6 +807,11 @@ _fa_case(64, 7, 5, 2, 1, F32, F32, ne3=2, ne3k=2, m=(7, 8, 1, 1))   # mask rows 
 _fa_case(64, 7, 9, 4, 2, F16, F16)
 _fa_case(64, 7, 20, 4, 2, F32, F32, masked_row=3)
 _fa_case(64, 7, 20, 4, 4, F16, F16, softcap=50.0, scale=8.0 / math.sqrt(64))
+# the CPU's other paths (GGML's): one query over >= 512 cells (split between threads), >= 64 queries (tiled:
+# a full tile of queries and a partial one, over a full window of cells and a partial one)
+_fa_case(64, 600, 1, 4, 2, F16, F16)
+_fa_case(64, 600, 1, 4, 2, F32, F32)
+_fa_case(64, 100, 70, 4, 2, F16, F16)
 
 
 def _fa_cache_case(d, n_head, n_head_kv, n_q, n_kv, n_ctx, kv, mt):
