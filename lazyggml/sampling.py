@@ -19,6 +19,7 @@ Same seed, same draws; the draws are not llama.cpp's (it uses a ``std::mt19937``
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 __all__ = ["Sampler", "softmax", "greedy", "top_k", "top_p", "min_p", "temperature"]
 
@@ -47,14 +48,32 @@ def top_k(ids, logits, k: int):
     Like llama.cpp's partial sort, this selects in O(n) before sorting only the ``k`` kept, which
     matters for a 128k-token vocabulary: the k-th largest logit is found by partitioning, then the
     larger ones and, for ties at that value, the lowest ids are kept."""
-    n = len(ids)
+    return _top_k(np.asarray(ids), np.asarray(logits), int(k))
+
+
+@njit(cache=True)
+def _top_k(ids, logits, k):
+    """``top_k`` compiled: a dozen NumPy calls cost ~17 µs for 1,024 logits, and three times that
+    between decode steps, whose kernels have pushed NumPy's code out of the caches. Comparisons
+    and a stable sort only, so its choice is exactly NumPy's."""
+    n = logits.shape[0]
     if 0 < k < n:
         kth = np.partition(logits, n - k)[n - k]
-        above = np.flatnonzero(logits > kth)
-        at = np.flatnonzero(logits == kth)[:k - len(above)]
-        keep = np.concatenate([above, at])
+        keep = np.empty(k, np.int64)
+        m = 0
+        for i in range(n):          # the larger ones, by id...
+            if logits[i] > kth:
+                keep[m] = i
+                m += 1
+        for i in range(n):          # ...then the ties at the k-th value, lowest ids first
+            if m == k:
+                break
+            if logits[i] == kth:
+                keep[m] = i
+                m += 1
         ids, logits = ids[keep], logits[keep]
-    return _sorted(ids, logits)
+    order = np.argsort(-logits, kind="mergesort")   # stable: equal logits keep the lower id first
+    return ids[order], logits[order]
 
 
 def top_p(ids, logits, p: float, min_keep: int = 1):
