@@ -424,7 +424,8 @@ def main():
         f"* commit: {git_commit()} (the tree this table was measured on)",
         f"* machine: {cpu_model()}, {os.cpu_count()} logical CPUs; {args.threads} threads for both engines",
         f"* Python {platform.python_version()}, numba {__import__('numba').__version__}",
-        "* llama.cpp: " + (f"llama-cpp-python {llama_info['version']} ({llama_python}); "
+        "* llama.cpp: " + (f"llama-cpp-python {llama_info['version']} "
+                           f"({'the interpreter of lazyggml' if llama_python == sys.executable else llama_python}); "
                            f"{llama_info['system_info']}" if llama_info else "not run (see the output: skipped, or "
                            "llama-cpp-python not importable)"),
         f"* scheduling: {sched_policy()}; load average (1 min) before/after: {load0:.2f} / {load1:.2f}; "
