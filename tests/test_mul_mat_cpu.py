@@ -429,6 +429,31 @@ _CHILD = f"TYPES = {_TYPES!r}\n" + textwrap.dedent("""
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(f), nan)
     assert np.array_equal(f[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    # the portable fp32 -> fp16 rounding (flash attention's F16 sums): every half, the midpoints
+    # between neighbours (ties to even), random floats of every scale, overflow and NaN
+    @njit
+    def round16(x, y):
+        for i in range(0, x.size, 8):
+            simd.store_f32x8(y, 4 * i, simd.round_f16x8(simd.load_f32x8(x, 4 * i)))
+    rng = np.random.default_rng(3)
+    halves = want[np.isfinite(want)].astype(np.float64)
+    x = np.concatenate([halves, (halves[:-1] + halves[1:]) / 2,
+                        rng.standard_normal(1 << 16) * 10.0 ** rng.integers(-9, 6, 1 << 16),
+                        [65519.0, 65520.0, 1e9, -1e9, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    x = np.concatenate([x, np.zeros(-x.size % 8, np.float32)])
+    y = np.empty_like(x)
+    round16(x, y)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(y), nan)
+    assert np.array_equal(y[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    # every flash-attention case (8-lane dot products here, F16 sums, tiled and split paths)
+    # against its float64 oracle
+    from lazyggml import op_cases
+    for c in op_cases.CASES:
+        if c.family == "flash_attn":
+            assert op_cases.run_case(c) == "ok", c.name
     print(json.dumps(out))
 """)
 
@@ -441,7 +466,8 @@ def _features_without_gfni():
 @pytest.mark.parametrize("path", ["portable", "avx2-without-gfni"])
 def test_portable_simd_path(tmp_path, path):
     """The kernels compiled without AVX at all, and with AVX2 but without GFNI (``crumb``'s other
-    body), in a fresh interpreter: the same results as this process's."""
+    body), in a fresh interpreter: the same results as this process's; there also the fp16
+    conversions against NumPy's and every flash-attention op case against its oracle."""
     if path != "portable" and not simd.HAVE_AVX2:
         pytest.skip("this CPU has no AVX2")
     rng = np.random.default_rng(9)
