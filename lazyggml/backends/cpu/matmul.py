@@ -206,7 +206,7 @@ def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
 
 # A single activation row (decode) is quantized by the product's own call: one call, and one set of
 # arguments for Python to pass, per product instead of two (a call costs ~0.3 µs, each array
-# argument ~0.1 µs more: a decode step of the 3.7M model is ~120 calls).
+# argument ~0.1 µs more: this took the 3.7M model's decode step from 117 calls to 88).
 
 @_kernel
 def _matvec(vtid, x4, kid, n, w4, yq, rs, bsz, dst, RT, CT):
