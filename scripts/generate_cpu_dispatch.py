@@ -47,7 +47,9 @@ class Switch:
     params: str
     decorator: str               # one of the decorators the module defines (HEADER)
     doc: str
-    body: str = ""               # a branch's lines, around the call ``{call}`` (default: the call alone)
+    body: str = ""               # a branch's lines around ``{kernel}`` (default: the call alone)
+    pair_field: str = ""         # the field of a kernel for two rows at once, where a type has one ...
+    pair_body: str = ""          # ... and the branch's lines for those types, around ``{kernel}`` and ``{pair}``
 
 
 SWITCHES = [
@@ -63,14 +65,35 @@ SWITCHES = [
            "    (``type_traits_cpu[tid].from_float``), for the vec_dot_types of the quantized weights."),
     Switch("dot_rows", "dot", lambda: types_with("dot"), "n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c", "_kernel",
            "Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the activation column at\n"
-           "    byte yo of y into dst[i3, i2, c] (``vec_dot.dot_*``), for the quantized weight types. The\n"
-           "    row loop sits inside each branch: with the chain inside the loop instead, a Q4_K row of\n"
-           "    one super-block took 40 ns where the dot product alone takes 13.",
-           body="for r in range(r0, r1):\n    dst[i3, i2, c, r] = {kernel}(n, w4[j3, j2, r], y, yo)"),
-    Switch("dot_cols", "dot_cols", lambda: types_with("dot_cols"), "n, x, y, yo, ycs, ybs, nc, acc, out",
-           "_inline",
-           "One weight row x of type id tid dotted with nc activation columns into out[:nc]\n"
-           "    (``vec_dot.dot_cols_*``), for the quantized weight types."),
+           "    byte yo of y into dst[i3, i2, c] (``vec_dot.dot_*``, two rows at once with ``dot2_*``\n"
+           "    where the type has it), for the quantized weight types. The row loop sits inside each\n"
+           "    branch: with the chain inside the loop instead, a Q4_K row of one super-block took 40 ns\n"
+           "    where the dot product alone takes 13.",
+           body="for r in range(r0, r1):\n    dst[i3, i2, c, r] = {kernel}(n, w4[j3, j2, r], y, yo)",
+           pair_field="dot2",
+           pair_body="for r in range(r0, r1 - 1, 2):\n"
+                     "    dst[i3, i2, c, r], dst[i3, i2, c, r + 1] = {pair}(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo)\n"
+                     "if (r1 - r0) % 2:\n"
+                     "    dst[i3, i2, c, r1 - 1] = {kernel}(n, w4[j3, j2, r1 - 1], y, yo)"),
+    Switch("dot_tile", "dot_cols", lambda: types_with("dot_cols"),
+           "n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0", "_kernel",
+           "Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the nc activation columns\n"
+           "    from byte yo of y into dst[i3, i2, c0:c0 + nc] (``vec_dot.dot_cols_*``, two rows at once\n"
+           "    with ``dot_cols2_*`` where the type has it), for the quantized weight types.",
+           body="for r in range(r0, r1):\n"
+                "    {kernel}(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)\n"
+                "    for k in range(nc):\n"
+                "        dst[i3, i2, c0 + k, r] = out[k]",
+           pair_field="dot_cols2",
+           pair_body="for r in range(r0, r1 - 1, 2):\n"
+                     "    {pair}(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo, ycs, ybs, nc, acc, out)\n"
+                     "    for k in range(nc):\n"
+                     "        dst[i3, i2, c0 + k, r] = out[2 * k]\n"
+                     "        dst[i3, i2, c0 + k, r + 1] = out[2 * k + 1]\n"
+                     "if (r1 - r0) % 2:\n"
+                     "    {kernel}(n, w4[j3, j2, r1 - 1], y, yo, ycs, ybs, nc, acc, out)\n"
+                     "    for k in range(nc):\n"
+                     "        dst[i3, i2, c0 + k, r1 - 1] = out[k]"),
 ]
 
 HEADER = '''\
@@ -87,8 +110,8 @@ table has its branches). Jitted code cannot index the table by a run-time type i
 
 * ``quantize_chunk`` / ``dequantize_chunk``: whole contiguous rows (``convert.py``, ``rows.py``);
 * ``from_float``: the matmul's activation rows, to the weight type's vec_dot_type;
-* ``dot_rows`` / ``dot_cols``: the matmul's task loop (``matmul._task_fast``): a decode task's
-  rows, one column; a row against many columns (inlined into the loop).
+* ``dot_rows`` / ``dot_tile``: a task of the matmul (``matmul._task_fast``): its rows against one
+  column (decode), or against a tile of columns.
 """
 from __future__ import annotations
 
@@ -99,7 +122,6 @@ from . import {imports}
 
 _chunk = njit(cache=True, error_model="numpy")   # the options of quant.py's kernels
 _kernel = njit(cache=True)
-_inline = njit(cache=True, inline="always")       # compiled into its caller: the chain stays in its loop
 
 # The chains test GGML's type ids (enum ggml_type, types.Type) as literals, the type's name beside.
 '''
@@ -116,14 +138,21 @@ def _kernel_name(fn, modules):
 
 
 def _switch_code(sw, modules):
-    """The source of one switch, and its {type: kernel name}."""
+    """The source of one switch, and its {type: kernel name} (with ``+``, the pair kernel's)."""
     types = sorted(sw.types(), key=int)
     if not types:
         raise SystemExit(f"{sw.name}: no type of the table has {sw.field}")
-    cases = {t: _kernel_name(getattr(TYPE_TRAITS_CPU[t], sw.field), modules) for t in types}
+    cases = {}
     lines = ["", "", f"@{sw.decorator}", f"def {sw.name}(tid, {sw.params}):", f'    """{sw.doc}"""']
-    for i, (t, kernel) in enumerate(cases.items()):
-        body = sw.body.format(kernel=kernel) if sw.body else f"{kernel}({sw.params})"
+    for i, t in enumerate(types):
+        kernel = _kernel_name(getattr(TYPE_TRAITS_CPU[t], sw.field), modules)
+        pair = getattr(TYPE_TRAITS_CPU[t], sw.pair_field) if sw.pair_field else None
+        if pair is not None:
+            pair = _kernel_name(pair, modules)
+            body = sw.pair_body.format(kernel=kernel, pair=pair)
+        else:
+            body = sw.body.format(kernel=kernel) if sw.body else f"{kernel}({sw.params})"
+        cases[t] = kernel if pair is None else f"{kernel}+{pair}"
         lines += [f"    {'elif' if i else 'if'} tid == {int(t)}:  # {t.name}"] + [f"        {b}" for b in body.split("\n")]
     return lines, cases
 

@@ -292,6 +292,38 @@ def test_columns_together_equal_columns_alone(t):
         assert np.array_equal(alone[0, 0, 0], together[0, 0, c]), c
 
 
+@pytest.mark.parametrize("t", types_with("dot_cols2"), ids=lambda t: t.name)
+def test_two_rows_equal_rows_alone(t):
+    """dot2_* / dot_cols2_* (two weight rows at once, 512-bit vectors) do per row exactly the
+    arithmetic of dot_* / dot_cols_*: bit for bit, on random blocks, for 1 to 16 columns; and
+    through the matmul with an odd number of rows (the last one alone) and one or more columns."""
+    rng = np.random.default_rng(400 + int(t))
+    tr = get_type_traits_cpu(t)
+    assert tr.dot_cols2 is not None
+    for n in (256, 768, 2048):
+        x, x2 = random_blocks(rng, t, n), random_blocks(rng, t, n)
+        ys = np.concatenate([activation_row(rng, t, n)[1] for _ in range(16)])
+        rs = ys.size // 16
+        if tr.dot2 is not None:
+            pair = tr.dot2(n, x, x2, ys, 0)
+            assert (pair[0], pair[1]) == (tr.dot(n, x, ys, 0), tr.dot(n, x2, ys, 0)), n
+        for nc in (1, 5, 16):
+            acc = np.empty(V.ACC_PER_COL * nc, np.float32)
+            one, two = np.empty(nc, np.float32), np.empty(2 * nc, np.float32)
+            tr.dot_cols2(n, x, x2, ys, 0, rs, type_size(Type.Q8_K), nc, acc, two)
+            for row, got in ((x, two[0::2]), (x2, two[1::2])):
+                tr.dot_cols(n, row, ys, 0, rs, type_size(Type.Q8_K), nc, acc, one)
+                assert np.array_equal(got.view(np.uint32), one.view(np.uint32)), (n, nc)
+    wf = rng.uniform(-1, 1, (1, 1, 13, 1024)).astype(np.float32)
+    w, _, _ = make_weights(t, wf)
+    for ncol in (1, 7, 40):
+        xs = rng.uniform(-1, 1, (1, 1, ncol, 1024)).astype(np.float32)
+        together = M.mul_mat(w, t, xs, np.empty((1, 1, ncol, 13), np.float32))
+        for r in range(13):
+            alone = M.mul_mat(w[:, :, r:r + 1], t, xs, np.empty((1, 1, ncol, 1), np.float32))
+            assert np.array_equal(alone[..., 0], together[..., r]), (ncol, r)
+
+
 @pytest.mark.parametrize("t", [Type.F32, Type.F16, Type.BF16], ids=lambda t: t.name)
 def test_vec_dot_float(t):
     rng = np.random.default_rng(300 + int(t))
@@ -351,14 +383,15 @@ def test_dispatch_has_every_type_of_the_table():
     """Each generated switch has a branch for every type of the traits table that has its kernel,
     calling that kernel, and no other branch; the chunk and activation switches also give the bytes
     of the table's own kernels (a type added to the table without regenerating fails here)."""
-    want = {name: {} for name in ("quantize_chunk", "dequantize_chunk", "from_float", "dot_rows", "dot_cols")}
+    want = {name: {} for name in ("quantize_chunk", "dequantize_chunk", "from_float", "dot_rows", "dot_tile")}
     for t, tr in TYPE_TRAITS_CPU.items():
         if tr.from_float_ref is not None:
             want["quantize_chunk"][int(t)] = _kernel_name(tr.from_float_ref)
             want["dequantize_chunk"][int(t)] = _kernel_name(tr.to_float)
         if tr.dot_cols is not None:
-            want["dot_rows"][int(t)] = _kernel_name(tr.dot)
-            want["dot_cols"][int(t)] = _kernel_name(tr.dot_cols)
+            want["dot_rows"][int(t)] = _kernel_name(tr.dot) + (f"+{_kernel_name(tr.dot2)}" if tr.dot2 else "")
+            want["dot_tile"][int(t)] = (_kernel_name(tr.dot_cols)
+                                        + (f"+{_kernel_name(tr.dot_cols2)}" if tr.dot_cols2 else ""))
             vdt = tr.vec_dot_type
             want["from_float"][int(vdt)] = _kernel_name(TYPE_TRAITS_CPU[vdt].from_float)
     for name, cases in want.items():
@@ -414,6 +447,17 @@ _CHILD = f"TYPES = {_TYPES!r}\n" + textwrap.dedent("""
     res = np.empty(nc, np.float32)
     V.dot_cols_q4_K_q8_K(n, d["Q4_K_x"], d["ys"], n - n, int(d["rs"]), 292, nc, acc, res)
     out["cols"] = res.tolist()
+    # two rows at once: per row the same arithmetic as one row, in this build too
+    q4, q4b, q6, q6b = d["Q4_K_x"], d["Q4_K_x2"], d["Q6_K_x"], d["Q6_K_x2"]
+    two = np.empty(2 * nc, np.float32)
+    V.dot_cols2_q4_K_q8_K(n, q4, q4b, d["ys"], 0, int(d["rs"]), 292, nc, acc, two)
+    V.dot_cols_q4_K_q8_K(n, q4b, d["ys"], 0, int(d["rs"]), 292, nc, acc, res)
+    assert two[0::2].tolist() == out["cols"] and two[1::2].tolist() == res.tolist()
+    y6 = d["Q6_K_y"]
+    assert V.dot2_q6_K_q8_K(n, q6, q6b, y6, 0) == (V.dot_q6_K_q8_K(n, q6, y6, 0), V.dot_q6_K_q8_K(n, q6b, y6, 0))
+    V.dot_cols2_q6_K_q8_K(n, q6, q6b, d["ys"], 0, int(d["rs"]), 292, nc, acc, two)
+    V.dot_cols_q6_K_q8_K(n, q6b, d["ys"], 0, int(d["rs"]), 292, nc, acc, res)
+    assert two[1::2].tolist() == res.tolist()
     w16 = d["w16"]
     out["f16"] = [float(v) for v in V.dot_tile_f16(n, w16, w16, d["yf"], 0, 4 * n, 8 * n)[:3]]
     # the portable fp16 decode on all 65536 halves (subnormals, infinities, NaNs)
@@ -480,6 +524,7 @@ def test_portable_simd_path(tmp_path, path):
         _, y = activation_row(rng, t, n)
         data[name + "_x"], data[name + "_y"] = x, y
         expect[name] = float(get_type_traits_cpu(t).vec_dot(n, x, y))
+    data["Q4_K_x2"], data["Q6_K_x2"] = random_blocks(rng, Type.Q4_K, n), random_blocks(rng, Type.Q6_K, n)
     nc = 3
     ys = np.concatenate([activation_row(rng, Type.Q4_K, n)[1] for _ in range(nc)])
     rs = ys.size // nc

@@ -11,8 +11,8 @@ table has its branches). Jitted code cannot index the table by a run-time type i
 
 * ``quantize_chunk`` / ``dequantize_chunk``: whole contiguous rows (``convert.py``, ``rows.py``);
 * ``from_float``: the matmul's activation rows, to the weight type's vec_dot_type;
-* ``dot_rows`` / ``dot_cols``: the matmul's task loop (``matmul._task_fast``): a decode task's
-  rows, one column; a row against many columns (inlined into the loop).
+* ``dot_rows`` / ``dot_tile``: a task of the matmul (``matmul._task_fast``): its rows against one
+  column (decode), or against a tile of columns.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from . import quant, simd, vec_dot
 
 _chunk = njit(cache=True, error_model="numpy")   # the options of quant.py's kernels
 _kernel = njit(cache=True)
-_inline = njit(cache=True, inline="always")       # compiled into its caller: the chain stays in its loop
 
 # The chains test GGML's type ids (enum ggml_type, types.Type) as literals, the type's name beside.
 
@@ -120,9 +119,10 @@ def from_float(tid, x, y):
 @_kernel
 def dot_rows(tid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c):
     """Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the activation column at
-    byte yo of y into dst[i3, i2, c] (``vec_dot.dot_*``), for the quantized weight types. The
-    row loop sits inside each branch: with the chain inside the loop instead, a Q4_K row of
-    one super-block took 40 ns where the dot product alone takes 13."""
+    byte yo of y into dst[i3, i2, c] (``vec_dot.dot_*``, two rows at once with ``dot2_*``
+    where the type has it), for the quantized weight types. The row loop sits inside each
+    branch: with the chain inside the loop instead, a Q4_K row of one super-block took 40 ns
+    where the dot product alone takes 13."""
     if tid == 2:  # Q4_0
         for r in range(r0, r1):
             dst[i3, i2, c, r] = vec_dot.dot_q4_0_q8_0(n, w4[j3, j2, r], y, yo)
@@ -151,8 +151,10 @@ def dot_rows(tid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c):
         for r in range(r0, r1):
             dst[i3, i2, c, r] = vec_dot.dot_q5_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 14:  # Q6_K
-        for r in range(r0, r1):
-            dst[i3, i2, c, r] = vec_dot.dot_q6_K_q8_K(n, w4[j3, j2, r], y, yo)
+        for r in range(r0, r1 - 1, 2):
+            dst[i3, i2, c, r], dst[i3, i2, c, r + 1] = vec_dot.dot2_q6_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo)
+        if (r1 - r0) % 2:
+            dst[i3, i2, c, r1 - 1] = vec_dot.dot_q6_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo)
     elif tid == 20:  # IQ4_NL
         for r in range(r0, r1):
             dst[i3, i2, c, r] = vec_dot.dot_iq4_nl_q8_0(n, w4[j3, j2, r], y, yo)
@@ -161,34 +163,81 @@ def dot_rows(tid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c):
             dst[i3, i2, c, r] = vec_dot.dot_iq4_xs_q8_K(n, w4[j3, j2, r], y, yo)
 
 
-@_inline
-def dot_cols(tid, n, x, y, yo, ycs, ybs, nc, acc, out):
-    """One weight row x of type id tid dotted with nc activation columns into out[:nc]
-    (``vec_dot.dot_cols_*``), for the quantized weight types."""
+@_kernel
+def dot_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0):
+    """Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the nc activation columns
+    from byte yo of y into dst[i3, i2, c0:c0 + nc] (``vec_dot.dot_cols_*``, two rows at once
+    with ``dot_cols2_*`` where the type has it), for the quantized weight types."""
     if tid == 2:  # Q4_0
-        vec_dot.dot_cols_q4_0_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out)
+        for r in range(r0, r1):
+            vec_dot.dot_cols_q4_0_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 3:  # Q4_1
-        vec_dot.dot_cols_q4_1_q8_1(n, x, y, yo, ycs, ybs, nc, acc, out)
+        for r in range(r0, r1):
+            vec_dot.dot_cols_q4_1_q8_1(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 6:  # Q5_0
-        vec_dot.dot_cols_q5_0_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out)
+        for r in range(r0, r1):
+            vec_dot.dot_cols_q5_0_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 7:  # Q5_1
-        vec_dot.dot_cols_q5_1_q8_1(n, x, y, yo, ycs, ybs, nc, acc, out)
+        for r in range(r0, r1):
+            vec_dot.dot_cols_q5_1_q8_1(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 8:  # Q8_0
-        vec_dot.dot_cols_q8_0_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out)
+        for r in range(r0, r1):
+            vec_dot.dot_cols_q8_0_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 10:  # Q2_K
-        vec_dot.dot_cols_q2_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out)
+        for r in range(r0, r1):
+            vec_dot.dot_cols_q2_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 11:  # Q3_K
-        vec_dot.dot_cols_q3_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out)
+        for r in range(r0, r1):
+            vec_dot.dot_cols_q3_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 12:  # Q4_K
-        vec_dot.dot_cols_q4_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out)
+        for r in range(r0, r1 - 1, 2):
+            vec_dot.dot_cols2_q4_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[2 * k]
+                dst[i3, i2, c0 + k, r + 1] = out[2 * k + 1]
+        if (r1 - r0) % 2:
+            vec_dot.dot_cols_q4_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r1 - 1] = out[k]
     elif tid == 13:  # Q5_K
-        vec_dot.dot_cols_q5_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out)
+        for r in range(r0, r1):
+            vec_dot.dot_cols_q5_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 14:  # Q6_K
-        vec_dot.dot_cols_q6_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out)
+        for r in range(r0, r1 - 1, 2):
+            vec_dot.dot_cols2_q6_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[2 * k]
+                dst[i3, i2, c0 + k, r + 1] = out[2 * k + 1]
+        if (r1 - r0) % 2:
+            vec_dot.dot_cols_q6_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r1 - 1] = out[k]
     elif tid == 20:  # IQ4_NL
-        vec_dot.dot_cols_iq4_nl_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out)
+        for r in range(r0, r1):
+            vec_dot.dot_cols_iq4_nl_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 23:  # IQ4_XS
-        vec_dot.dot_cols_iq4_xs_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out)
+        for r in range(r0, r1):
+            vec_dot.dot_cols_iq4_xs_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
 
 
 #: switch -> {type id: the kernel its branch calls}, in branch order
@@ -244,11 +293,11 @@ SWITCHES = {
         11: "vec_dot.dot_q3_K_q8_K",  # Q3_K
         12: "vec_dot.dot_q4_K_q8_K",  # Q4_K
         13: "vec_dot.dot_q5_K_q8_K",  # Q5_K
-        14: "vec_dot.dot_q6_K_q8_K",  # Q6_K
+        14: "vec_dot.dot_q6_K_q8_K+vec_dot.dot2_q6_K_q8_K",  # Q6_K
         20: "vec_dot.dot_iq4_nl_q8_0",  # IQ4_NL
         23: "vec_dot.dot_iq4_xs_q8_K",  # IQ4_XS
     },
-    "dot_cols": {
+    "dot_tile": {
         2: "vec_dot.dot_cols_q4_0_q8_0",  # Q4_0
         3: "vec_dot.dot_cols_q4_1_q8_1",  # Q4_1
         6: "vec_dot.dot_cols_q5_0_q8_0",  # Q5_0
@@ -256,9 +305,9 @@ SWITCHES = {
         8: "vec_dot.dot_cols_q8_0_q8_0",  # Q8_0
         10: "vec_dot.dot_cols_q2_K_q8_K",  # Q2_K
         11: "vec_dot.dot_cols_q3_K_q8_K",  # Q3_K
-        12: "vec_dot.dot_cols_q4_K_q8_K",  # Q4_K
+        12: "vec_dot.dot_cols_q4_K_q8_K+vec_dot.dot_cols2_q4_K_q8_K",  # Q4_K
         13: "vec_dot.dot_cols_q5_K_q8_K",  # Q5_K
-        14: "vec_dot.dot_cols_q6_K_q8_K",  # Q6_K
+        14: "vec_dot.dot_cols_q6_K_q8_K+vec_dot.dot_cols2_q6_K_q8_K",  # Q6_K
         20: "vec_dot.dot_cols_iq4_nl_q8_0",  # IQ4_NL
         23: "vec_dot.dot_cols_iq4_xs_q8_K",  # IQ4_XS
     },

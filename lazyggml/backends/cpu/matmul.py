@@ -23,9 +23,10 @@ How it runs (GGML's ``ggml_compute_forward_mul_mat``, reorganised):
 3. **A task** walks its weight rows; each row is dotted with all ``CT`` columns at once by
    ``vec_dot.dot_cols_*``, which unpacks every weight block once for all the columns (a weight
    byte is read from memory once per column tile, and unpacked once per column tile). With a
-   single column, the register-only ``vec_dot.dot_*`` is used. The kernels of the weight type
-   are the traits table's ``dot`` / ``dot_cols``, picked by the switches generated from it
-   (``dispatch.py``).
+   single column, the register-only ``vec_dot.dot_*`` is used. Where the type has them, rows go
+   two at a time through ``dot2_*`` / ``dot_cols2_*`` (512-bit vectors, the same results). The
+   kernels of the weight type are the traits table's ``dot`` / ``dot_cols`` (``dot2`` /
+   ``dot_cols2``), picked by the switches generated from it (``dispatch.py``).
 
 Decode (``ne11 <= 8``) is then a matrix-vector product parallel over weight rows: memory-bound,
 it reads the weights once. Prefill (many columns) is compute-bound and gains from the per-block
@@ -176,11 +177,7 @@ def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
         # a single column (decode): the register-only kernel, contiguous blocks, row by row
         D.dot_rows(kid, n, w4, j3, j2, r0, r1, yq, yo, dst, i3, i2, c0)
         return
-    ybs = ne11 * bsz  # from block i to block i+1 of one column
-    for r in range(r0, r1):
-        D.dot_cols(kid, n, w4[j3, j2, r], yq, yo, bsz, ybs, nc, acc, tmp)
-        for c in range(nc):
-            dst[i3, i2, c0 + c, r] = tmp[c]
+    D.dot_tile(kid, n, w4, j3, j2, r0, r1, yq, yo, bsz, ne11 * bsz, nc, acc, tmp, dst, i3, i2, c0)
 
 
 @_parallel
@@ -189,7 +186,7 @@ def _run_fast_par(kid, n, w4, yq, rs, bsz, dst, RT, CT, nth):
     counter = np.zeros(1, np.int64)
     for _ in prange(min(nth, ntasks)):
         acc = np.empty(V.ACC_PER_COL * CT, np.float32)
-        tmp = np.empty(CT, np.float32)
+        tmp = np.empty(2 * CT, np.float32)
         t = simd.fetch_add(counter, 0, 1)
         while t < ntasks:
             _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp)
@@ -199,7 +196,7 @@ def _run_fast_par(kid, n, w4, yq, rs, bsz, dst, RT, CT, nth):
 @_kernel
 def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
     acc = np.empty(V.ACC_PER_COL * CT, np.float32)
-    tmp = np.empty(CT, np.float32)
+    tmp = np.empty(2 * CT, np.float32)
     for t in range(_n_tasks(w4, dst, RT, CT)):
         _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp)
 

@@ -78,6 +78,9 @@ HAVE_F16C = _REQUEST == "auto" and "f16c" in _FEATURES and "avx" in _FEATURES
 #: True when the target has AVX-512F, where a GGML built for the machine sums float lanes 16 wide
 #: (``GGML_F32_EPR`` 16): kernels that follow GGML's lane order for floats read it.
 HAVE_AVX512 = _REQUEST == "auto" and "avx512f" in _FEATURES
+#: True when the 512-bit forms of ``maddubs``, ``madd`` and ``pick16`` are one AVX-512BW instruction
+#: each (the kernels of two weight rows at once, ``vec_dot.dot2_*``, run on 512-bit registers then).
+HAVE_AVX512BW = HAVE_AVX2 and "avx512bw" in _FEATURES
 #: True when ``madd_acc`` can use AVX-512 VNNI's ``vpdpwssd`` on 256-bit registers.
 HAVE_VNNI = HAVE_AVX2 and "avx512vnni" in _FEATURES and "avx512vl" in _FEATURES
 #: True when ``crumb`` can use GFNI's ``vgf2p8affineqb`` (a shift and a mask of bytes in one instruction).
@@ -111,7 +114,10 @@ i8x32, i8x16 = Vec("i", 8, 32), Vec("i", 8, 16)
 i16x16, i16x8 = Vec("i", 16, 16), Vec("i", 16, 8)
 i32x8, i32x4 = Vec("i", 32, 8), Vec("i", 32, 4)
 f32x8, f32x4 = Vec("f", 32, 8), Vec("f", 32, 4)
-_BY_SHAPE = {(v.kind, v.bits, v.count): v for v in (i8x32, i8x16, i16x16, i16x8, i32x8, i32x4, f32x8, f32x4)}
+# 512 bits: two 256-bit vectors side by side (``concat``), for the kernels of two weight rows at once
+i8x64, i16x32, i32x16, f32x16 = Vec("i", 8, 64), Vec("i", 16, 32), Vec("i", 32, 16), Vec("f", 32, 16)
+_BY_SHAPE = {(v.kind, v.bits, v.count): v for v in (i8x64, i8x32, i8x16, i16x32, i16x16, i16x8, i32x16, i32x8,
+                                                    i32x4, f32x16, f32x8, f32x4)}
 
 _I32 = ir.IntType(32)
 
@@ -170,6 +176,7 @@ load_i8x16 = _make_load(i8x16)
 load_i16x16 = _make_load(i16x16)
 load_i16x8 = _make_load(i16x8)
 load_f32x8 = _make_load(f32x8)
+load_f32x16 = _make_load(f32x16)
 
 
 def _make_scalar_load(nty, lty):
@@ -193,18 +200,25 @@ load_u32 = _make_scalar_load(types.uint32, ir.IntType(32))
 load_f32 = _make_scalar_load(types.float32, ir.FloatType())
 
 
-@intrinsic
-def store_f32x8(typingctx, arr, off, v):
-    """Store 8 floats at byte ``off`` of ``arr``."""
-    if not (_is_array(arr) and isinstance(off, types.Integer) and v == f32x8):
-        return None
+def _make_store(vt):
+    @intrinsic
+    def store(typingctx, arr, off, v):
+        if not (_is_array(arr) and isinstance(off, types.Integer) and v == vt):
+            return None
 
-    def codegen(context, builder, sig, args):
-        p = _data_ptr(context, builder, sig.args[0], args[0], args[1])
-        builder.store(args[2], builder.bitcast(p, f32x8.llvm_type().as_pointer()), align=1)
-        return context.get_dummy_value()
+        def codegen(context, builder, sig, args):
+            p = _data_ptr(context, builder, sig.args[0], args[0], args[1])
+            builder.store(args[2], builder.bitcast(p, vt.llvm_type().as_pointer()), align=1)
+            return context.get_dummy_value()
 
-    return types.none(arr, off, v), codegen
+        return types.none(arr, off, v), codegen
+
+    return store
+
+
+#: ``store_f32x8(a, off, v)``: the 8 floats of ``v`` at byte ``off`` of ``a`` (unaligned).
+store_f32x8 = _make_store(f32x8)
+store_f32x16 = _make_store(f32x16)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -239,6 +253,8 @@ splat_i16x16 = _make_splat(i16x16)
 splat_i32x8 = _make_splat(i32x8)
 splat_f32x8 = _make_splat(f32x8)
 splat_f32x4 = _make_splat(f32x4)
+splat_i8x64 = _make_splat(i8x64)
+splat_f32x16 = _make_splat(f32x16)
 
 
 @intrinsic
@@ -414,17 +430,37 @@ def concat(typingctx, lo, hi):
 
 
 @intrinsic
+def widen_as(typingctx, a, like):
+    """``a`` as wide as ``like``: ``a`` itself when they have as many lanes, ``concat(a, a)`` when
+    ``like`` has twice as many. The kernels of one weight row and of two rows at once
+    (``vec_dot.dot2_*``: row r in the low 256 bits, row r + 1 in the high) then share their
+    helpers: the activations, the same for both rows, are widened to the weights' width (from
+    memory, one ``vbroadcasti64x4``)."""
+    if not (isinstance(a, Vec) and isinstance(like, Vec) and like.count in (a.count, 2 * a.count)):
+        return None
+    out = _BY_SHAPE[(a.kind, a.bits, like.count)]
+
+    def codegen(context, builder, sig, args):
+        if out == sig.args[0]:
+            return args[0]
+        return builder.shuffle_vector(args[0], args[0], _const_mask(list(range(a.count)) * 2))
+
+    return out(a, like), codegen
+
+
+@intrinsic
 def bcast_half(typingctx, a, h):
     """``<16 x i16>`` whose two 128-bit halves are both half ``h`` (a literal 0 or 1) of ``a``
     (``vpermq``; GGML's ``_mm256_broadcastsi128_si256(_mm256_extracti128_si256(a, h))``)."""
-    if not (a == i16x16 and isinstance(h, types.IntegerLiteral)):
+    if not (a in (i16x16, i16x32) and isinstance(h, types.IntegerLiteral)):
         return None
     first = 8 * h.literal_value
 
-    def codegen(context, builder, sig, args):
-        return builder.shuffle_vector(args[0], args[0], _const_mask(list(range(first, first + 8)) * 2))
+    def codegen(context, builder, sig, args):   # <32 x i16>: the same in each 256-bit half
+        lanes = [16 * half + first + i for half in range(a.count // 16) for i in list(range(8)) * 2]
+        return builder.shuffle_vector(args[0], args[0], _const_mask(lanes))
 
-    return i16x16(a, h), codegen
+    return a(a, h), codegen
 
 
 @intrinsic
@@ -437,18 +473,22 @@ def pick16(typingctx, a, j, k):
     scales, LLVM combined it with the scales' widening into a byte permute per use (``vpermt2b``,
     or ``vpshufb`` + ``vpmovzxbw``: 76 instructions per Q2_K super-block where GGML's AVX2 code
     has about 66); the AVX2 instruction is called directly so that it stays one ``vpshufb``."""
-    if not (a == i16x16 and isinstance(j, types.IntegerLiteral) and isinstance(k, types.IntegerLiteral)):
+    if not (a in (i16x16, i16x32) and isinstance(j, types.IntegerLiteral) and isinstance(k, types.IntegerLiteral)):
         return None
     jj, kk = j.literal_value, k.literal_value
+    n256 = a.count // 16   # on <32 x i16>: the same in each 256-bit half
 
     def codegen(context, builder, sig, args):
-        if not HAVE_AVX2:
-            return builder.shuffle_vector(args[0], args[0], _const_mask([jj] * 8 + [8 + kk] * 8))
-        mask = ir.Constant(i8x32.llvm_type(), [2 * jj, 2 * jj + 1] * 8 + [2 * kk, 2 * kk + 1] * 8)
-        b = _call(builder, "llvm.x86.avx2.pshuf.b", i8x32.llvm_type(), [builder.bitcast(args[0], i8x32.llvm_type()), mask])
-        return builder.bitcast(b, i16x16.llvm_type())
+        if not (HAVE_AVX512BW if n256 == 2 else HAVE_AVX2):
+            lanes = ([jj] * 8 + [8 + kk] * 8) * n256
+            return builder.shuffle_vector(args[0], args[0], _const_mask([16 * (i // 16) + x for i, x in enumerate(lanes)]))
+        bytes_ = _BY_SHAPE[("i", 8, 2 * a.count)].llvm_type()
+        mask = ir.Constant(bytes_, ([2 * jj, 2 * jj + 1] * 8 + [2 * kk, 2 * kk + 1] * 8) * n256)
+        name = "llvm.x86.avx512.pshuf.b.512" if n256 == 2 else "llvm.x86.avx2.pshuf.b"
+        b = _call(builder, name, bytes_, [builder.bitcast(args[0], bytes_), mask])
+        return builder.bitcast(b, a.llvm_type())
 
-    return i16x16(a, j, k), codegen
+    return a(a, j, k), codegen
 
 
 @intrinsic
@@ -506,15 +546,18 @@ def _even_odd_add(builder, p, n, sat=False):
 def maddubs(typingctx, a, b):
     """x86 ``pmaddubsw``: ``a`` as UNSIGNED bytes times ``b`` as SIGNED bytes, adjacent products
     added (saturating) into int16: ``<32 x i8>`` x ``<32 x i8>`` -> ``<16 x i16>`` (or the 128-bit
-    ``<16 x i8>`` -> ``<8 x i16>``). With 4-bit/6-bit weights in ``a`` the sum never saturates."""
-    if not (a == b and a in (i8x32, i8x16)):
+    ``<16 x i8>`` -> ``<8 x i16>``, the 512-bit ``<64 x i8>`` -> ``<32 x i16>``). With 4-bit/6-bit
+    weights in ``a`` the sum never saturates."""
+    if not (a == b and a in (i8x64, i8x32, i8x16)):
         return None
-    out = i16x16 if a == i8x32 else i16x8
+    out = _BY_SHAPE[("i", 16, a.count // 2)]
 
     def codegen(context, builder, sig, args):
         x, y = args
-        if HAVE_AVX2:
-            name = "llvm.x86.avx2.pmadd.ub.sw" if out == i16x16 else "llvm.x86.ssse3.pmadd.ub.sw.128"
+        name = {i16x32: "llvm.x86.avx512.pmaddubs.w.512" if HAVE_AVX512BW else None,
+                i16x16: "llvm.x86.avx2.pmadd.ub.sw" if HAVE_AVX2 else None,
+                i16x8: "llvm.x86.ssse3.pmadd.ub.sw.128" if HAVE_AVX2 else None}[out]
+        if name:
             return _call(builder, name, out.llvm_type(), [x, y])
         n = out.count
         wide = ir.VectorType(ir.IntType(16), 2 * n)
@@ -525,8 +568,10 @@ def maddubs(typingctx, a, b):
 
 
 def _madd_ir(builder, x, y, n):
-    if HAVE_AVX2:
-        name = "llvm.x86.avx2.pmadd.wd" if n == 8 else "llvm.x86.sse2.pmadd.wd"
+    name = {16: "llvm.x86.avx512.pmaddw.d.512" if HAVE_AVX512BW else None,
+            8: "llvm.x86.avx2.pmadd.wd" if HAVE_AVX2 else None,
+            4: "llvm.x86.sse2.pmadd.wd" if HAVE_AVX2 else None}[n]
+    if name:
         return _call(builder, name, ir.VectorType(_I32, n), [x, y])
     wide = ir.VectorType(_I32, 2 * n)
     p = builder.mul(builder.sext(x, wide), builder.sext(y, wide))
@@ -536,10 +581,11 @@ def _madd_ir(builder, x, y, n):
 @intrinsic
 def madd(typingctx, a, b):
     """x86 ``pmaddwd``: int16 x int16, adjacent products added into int32:
-    ``<16 x i16>`` x ``<16 x i16>`` -> ``<8 x i32>`` (or ``<8 x i16>`` -> ``<4 x i32>``)."""
-    if not (a == b and a in (i16x16, i16x8)):
+    ``<16 x i16>`` x ``<16 x i16>`` -> ``<8 x i32>`` (or ``<8 x i16>`` -> ``<4 x i32>``, ``<32 x i16>``
+    -> ``<16 x i32>``)."""
+    if not (a == b and a in (i16x32, i16x16, i16x8)):
         return None
-    out = i32x8 if a == i16x16 else i32x4
+    out = _BY_SHAPE[("i", 32, a.count // 2)]
 
     def codegen(context, builder, sig, args):
         return _madd_ir(builder, args[0], args[1], out.count)
@@ -549,21 +595,22 @@ def madd(typingctx, a, b):
 
 @intrinsic
 def madd_acc(typingctx, acc, a, b):
-    """``acc + madd(a, b)`` on 8 int32 lanes: a single ``vpdpwssd`` with AVX-512 VNNI (+VL),
+    """``acc + madd(a, b)`` on 8 (or 16) int32 lanes: a single ``vpdpwssd`` with AVX-512 VNNI (+VL),
     ``pmaddwd`` + ``paddd`` otherwise. Exact integer arithmetic either way (no saturation)."""
-    if not (acc == i32x8 and a == i16x16 and b == i16x16):
+    if not (acc in (i32x8, i32x16) and a == b and a.count == 2 * acc.count and a.bits == 16):
         return None
 
     def codegen(context, builder, sig, args):
         s, x, y = args
+        n = sig.args[0].count
         if HAVE_VNNI:
-            # vpdpwssd takes its int16 operands as <8 x i32> in LLVM's signature
-            v8 = ir.VectorType(_I32, 8)
-            return _call(builder, "llvm.x86.avx512.vpdpwssd.256", v8,
-                         [s, builder.bitcast(x, v8), builder.bitcast(y, v8)])
-        return builder.add(s, _madd_ir(builder, x, y, 8))
+            # vpdpwssd takes its int16 operands as <n x i32> in LLVM's signature
+            vt = ir.VectorType(_I32, n)
+            return _call(builder, f"llvm.x86.avx512.vpdpwssd.{32 * n}", vt,
+                         [s, builder.bitcast(x, vt), builder.bitcast(y, vt)])
+        return builder.add(s, _madd_ir(builder, x, y, n))
 
-    return i32x8(acc, a, b), codegen
+    return acc(acc, a, b), codegen
 
 
 @intrinsic

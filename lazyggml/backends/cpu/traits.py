@@ -28,7 +28,10 @@ Fields of ``TypeTraitsCpu`` (rows are raw bytes: ``uint8`` 1-D arrays in GGML's 
 * ``dot(n, x, y, yo) -> float32`` and ``dot_cols(n, x, y, yo, ycs, ybs, nc, acc, out)``: the
   quantized matmul's kernels (one column, many columns; ``vec_dot.py`` says how), for the
   quantized weight types; None for the float types, which the matmul runs by element kind
-  (``vec_dot.dot_pair_f32/f16/bf16``, ``dot_tile_f32/f16/bf16``).
+  (``vec_dot.dot_pair_f32/f16/bf16``, ``dot_tile_f32/f16/bf16``);
+* ``dot2(n, x, x2, y, yo) -> (float32, float32)`` and ``dot_cols2(n, x, x2, y, yo, ycs, ybs, nc,
+  acc, out)``: the same for two weight rows at once, on 512-bit vectors (the same results, bit for
+  bit); optional: the matmul pairs rows of the types that have them.
 
 Derived, not stored: ``blck_size`` and ``type_size`` (``types.py`` holds them, for every backend),
 ``fast`` (whether ``vec_dot`` is a SIMD kernel).
@@ -80,6 +83,8 @@ class TypeTraitsCpu:
     vec_dot_ref: Optional[Callable]
     dot: Optional[Callable] = None
     dot_cols: Optional[Callable] = None
+    dot2: Optional[Callable] = None
+    dot_cols2: Optional[Callable] = None
 
     @property
     def blck_size(self) -> int:
@@ -104,10 +109,10 @@ def _float(t, from_float, to_float, vec_dot, vec_dot_ref):
 
 
 def _quant(t, vdt, from_float_ref, to_float, vec_dot=None, vec_dot_ref=None, dot=None, dot_cols=None,
-           from_float=None):
+           from_float=None, dot2=None, dot_cols2=None):
     """A quantized type's row; ``from_float`` is the reference quantizer unless given."""
     return TypeTraitsCpu(t, vdt, from_float_ref, from_float or from_float_ref, to_float, vec_dot, vec_dot_ref,
-                         dot, dot_cols)
+                         dot, dot_cols, dot2, dot_cols2)
 
 
 _ROWS = [
@@ -132,11 +137,13 @@ _ROWS = [
     _quant(Type.Q3_K, Type.Q8_K, Q.quantize_row_q3_K, Q.dequantize_row_q3_K,
            V.vec_dot_q3_K_q8_K, V.vec_dot_q3_K_q8_K_ref, V.dot_q3_K_q8_K, V.dot_cols_q3_K_q8_K),
     _quant(Type.Q4_K, Type.Q8_K, Q.quantize_row_q4_K, Q.dequantize_row_q4_K,
-           V.vec_dot_q4_K_q8_K, V.vec_dot_q4_K_q8_K_ref, V.dot_q4_K_q8_K, V.dot_cols_q4_K_q8_K),
+           V.vec_dot_q4_K_q8_K, V.vec_dot_q4_K_q8_K_ref, V.dot_q4_K_q8_K, V.dot_cols_q4_K_q8_K,
+           dot_cols2=V.dot_cols2_q4_K_q8_K),
     _quant(Type.Q5_K, Type.Q8_K, Q.quantize_row_q5_K, Q.dequantize_row_q5_K,
            V.vec_dot_q5_K_q8_K, V.vec_dot_q5_K_q8_K_ref, V.dot_q5_K_q8_K, V.dot_cols_q5_K_q8_K),
     _quant(Type.Q6_K, Type.Q8_K, Q.quantize_row_q6_K, Q.dequantize_row_q6_K,
-           V.vec_dot_q6_K_q8_K, V.vec_dot_q6_K_q8_K_ref, V.dot_q6_K_q8_K, V.dot_cols_q6_K_q8_K),
+           V.vec_dot_q6_K_q8_K, V.vec_dot_q6_K_q8_K_ref, V.dot_q6_K_q8_K, V.dot_cols_q6_K_q8_K,
+           dot2=V.dot2_q6_K_q8_K, dot_cols2=V.dot_cols2_q6_K_q8_K),
     _quant(Type.Q8_K, Type.Q8_K, Q.quantize_row_q8_K, Q.dequantize_row_q8_K),
     _quant(Type.IQ4_NL, Type.Q8_0, Q.quantize_row_iq4_nl, Q.dequantize_row_iq4_nl,
            V.vec_dot_iq4_nl_q8_0, V.vec_dot_iq4_nl_q8_0_ref, V.dot_iq4_nl_q8_0, V.dot_cols_iq4_nl_q8_0),

@@ -28,6 +28,17 @@ Three kernels per weight type, from slow and obvious to fast:
     identical; it just skips redoing the unpacking for each column. This is what makes prefill
     faster than GGML's column-by-column ``vec_dot`` loop (see bench/results/mul_mat_cpu.md).
 
+``dot2_<w>_<a>(n, x, x2, y, yo)`` and ``dot_cols2_<w>_<a>(n, x, x2, y, yo, ycs, ybs, nc, acc, out)``
+    ``dot_*`` and ``dot_cols_*`` of two weight rows at once, on 512-bit vectors: row x in the low
+    256 bits, x2 in the high, the activations widened to both halves (``simd.widen_as``, one
+    ``vbroadcasti64x4``), so each AVX-512 instruction does both rows' lanes. Per row, the lanes and
+    operations of the one-row kernel: the same results, bit for bit. Measured on the dev machine
+    (one thread, weights in cache, best of 15), 16 columns: Q4_K 5.2-6.2 -> 4.4-4.7 ns a block and
+    column at 768 elements, 5.0-5.4 -> 3.7-3.9 at 2048; Q6_K 4.6-4.9 -> 3.6-3.7 at 768. One column:
+    Q6_K 8.5 -> 6.6-7.4 ns a block, but Q4_K 8.6 -> 9.9 at 2048 elements (its two rows' scales are
+    unpacked by scalar code and moved into vectors on the shuffle port that the 512-bit
+    multiplies also need), so Q4_K has no ``dot2``. Types without them run row by row.
+
 All rows are raw bytes (``uint8`` 1-D arrays, the weight row starting at x[0]; ``yo`` is a byte
 offset into y), in GGML's block
 layouts (docs/quant-formats.md §1). Float rows (F32/F16/BF16) are bytes too for ``vec_dot_*``;
@@ -47,9 +58,10 @@ from .quant import TABLE_F32_F16 as _F16
 from .quant import fp32_to_fp16 as _fp32_to_fp16
 from .simd import (bcast_half, bf16x8_to_f32, bits_to_bytes, concat, crumb, dot4_acc,
                    f16x8_to_f32, fma, hadd_pairs, hi_half, lookup16, hsum_f32x4, hsum_f32x8, lo_half, load_f32,
-                   load_f32x8, load_i16x8, load_i16x16, load_i8x16, load_i8x32, load_u16, load_u32, madd, madd_acc,
-                   maddubs, pick16, sext, splat_f32x4, splat_f32x8, splat_i8x32, splat_i32x8, store_f32x8, to_f32,
-                   u32x4_to_i8x16, vabs, vadd, vand, vor, vsign, vsll, vsrl, vsub, zext)
+                   load_f32x8, load_f32x16, load_i16x8, load_i16x16, load_i8x16, load_i8x32, load_u16, load_u32,
+                   madd, madd_acc, maddubs, pick16, sext, splat_f32x4, splat_f32x8, splat_f32x16, splat_i8x32,
+                   splat_i32x8, store_f32x8, store_f32x16, to_f32, u32x4_to_i8x16, vabs, vadd, vand, vmul, vor,
+                   vsign, vsll, vsrl, vsub, widen_as, zext)
 
 QK_K = 256
 # bytes per block (docs/quant-formats.md §1)
@@ -58,8 +70,8 @@ Q4_0_SIZE, Q8_0_SIZE = 18, 34
 
 _ref = njit(cache=True)
 _fast = njit(cache=True)
-#: floats of per-column scratch that ``dot_cols_*`` needs in ``acc``
-ACC_PER_COL = 16
+#: floats of per-column scratch that ``dot_cols_*`` (16) and ``dot_cols2_*`` (32) need in ``acc``
+ACC_PER_COL = 32
 
 
 # =================================================================================================
@@ -514,38 +526,57 @@ def _k4_scales_mins(x, o):
 @njit(inline="always")
 def _k4_min_prod(mins, y, yb):
     """4 int32 lanes m[2u]·q8s[2u] + m[2u+1]·q8s[2u+1], where q8s[s] = bsums[2s] + bsums[2s+1] is
-    the sum of the 32 activations of sub-block s (GGML: _mm_hadd_epi16 + _mm_madd_epi16)."""
-    return madd(mins, hadd_pairs(load_i16x16(y, yb + 260)))
+    the sum of the 32 activations of sub-block s (GGML: _mm_hadd_epi16 + _mm_madd_epi16). With
+    the mins of two rows side by side (``dot2_*``), 4 lanes for each."""
+    return madd(mins, widen_as(hadd_pairs(load_i16x16(y, yb + 260)), mins))
 
 
 @njit(inline="always")
-def _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, ms):
+def _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc):
     """Σ_s sc_s · Σ_{e in s} q[e]·q8[e] for one Q4_K/Q5_K block, as 8 int32 lanes. l_j/h_j are
     the 32 unsigned quants of sub-blocks 2j/2j+1; each maddubs multiplies 32 of them with 32 int8
     activations into 16 int16 pair sums, and madd weights those by the sub-block's scale into
-    8 int32 lanes (madd_acc: accumulate in the same instruction with VNNI)."""
-    sc = bcast_half(ms, 0)
-    sumi = madd(pick16(sc, 0, 0), maddubs(l0, load_i8x32(y, yb + 4)))
-    sumi = madd_acc(sumi, pick16(sc, 1, 1), maddubs(h0, load_i8x32(y, yb + 36)))
-    sumi = madd_acc(sumi, pick16(sc, 2, 2), maddubs(l1, load_i8x32(y, yb + 68)))
-    sumi = madd_acc(sumi, pick16(sc, 3, 3), maddubs(h1, load_i8x32(y, yb + 100)))
-    sumi = madd_acc(sumi, pick16(sc, 4, 4), maddubs(l2, load_i8x32(y, yb + 132)))
-    sumi = madd_acc(sumi, pick16(sc, 5, 5), maddubs(h2, load_i8x32(y, yb + 164)))
-    sumi = madd_acc(sumi, pick16(sc, 6, 6), maddubs(l3, load_i8x32(y, yb + 196)))
-    sumi = madd_acc(sumi, pick16(sc, 7, 7), maddubs(h3, load_i8x32(y, yb + 228)))
-    return sumi
+    8 int32 lanes (madd_acc: accumulate in the same instruction with VNNI). ``sc``: the 8 scales
+    in both 128-bit halves (``bcast_half(ms, 0)``). With two rows' quants and scales side by side
+    (``dot2_*``), 8 lanes for each row, the activations read once for both. Four partial sums
+    added at the end (exact integers, so any order gives GGML's lanes): one chain of eight
+    accumulating ``vpdpwssd`` (5 cycles each) was the critical path of a one-column block."""
+    s0 = madd_acc(madd(pick16(sc, 0, 0), maddubs(l0, widen_as(load_i8x32(y, yb + 4), l0))),
+                  pick16(sc, 1, 1), maddubs(h0, widen_as(load_i8x32(y, yb + 36), l0)))
+    s1 = madd_acc(madd(pick16(sc, 2, 2), maddubs(l1, widen_as(load_i8x32(y, yb + 68), l0))),
+                  pick16(sc, 3, 3), maddubs(h1, widen_as(load_i8x32(y, yb + 100), l0)))
+    s2 = madd_acc(madd(pick16(sc, 4, 4), maddubs(l2, widen_as(load_i8x32(y, yb + 132), l0))),
+                  pick16(sc, 5, 5), maddubs(h2, widen_as(load_i8x32(y, yb + 164), l0)))
+    s3 = madd_acc(madd(pick16(sc, 6, 6), maddubs(l3, widen_as(load_i8x32(y, yb + 196), l0))),
+                  pick16(sc, 7, 7), maddubs(h3, widen_as(load_i8x32(y, yb + 228), l0)))
+    return vadd(vadd(s0, s1), vadd(s2, s3))
+
+
+@njit(inline="always")
+def _rows2(x, x2, o):
+    """The 32 bytes at ``o`` of row ``x`` and of row ``x2``, side by side in one 512-bit vector."""
+    return concat(load_i8x32(x, o), load_i8x32(x2, o))
+
+
+@njit(inline="always")
+def _q4_K_nibbles(q0, q1, q2, q3):
+    """Nibbles of one Q4_K block's quants ``q_j`` (32 bytes, or 64: two rows): chunk j's bytes give
+    sub-block 2j (low) and 2j+1 (high)."""
+    m4 = widen_as(splat_i8x32(0xF), q0)
+    return (vand(q0, m4), vand(vsrl(q0, 4), m4), vand(q1, m4), vand(vsrl(q1, 4), m4),
+            vand(q2, m4), vand(vsrl(q2, 4), m4), vand(q3, m4), vand(vsrl(q3, 4), m4))
 
 
 @njit(inline="always")
 def _q4_K_unpack(x, xb):
-    """Nibbles of one Q4_K block: chunk j's 32 bytes give sub-block 2j (low) and 2j+1 (high)."""
-    m4 = splat_i8x32(0xF)
-    q0 = load_i8x32(x, xb + 16)
-    q1 = load_i8x32(x, xb + 48)
-    q2 = load_i8x32(x, xb + 80)
-    q3 = load_i8x32(x, xb + 112)
-    return (vand(q0, m4), vand(vsrl(q0, 4), m4), vand(q1, m4), vand(vsrl(q1, 4), m4),
-            vand(q2, m4), vand(vsrl(q2, 4), m4), vand(q3, m4), vand(vsrl(q3, 4), m4))
+    return _q4_K_nibbles(load_i8x32(x, xb + 16), load_i8x32(x, xb + 48), load_i8x32(x, xb + 80),
+                         load_i8x32(x, xb + 112))
+
+
+@njit(inline="always")
+def _q4_K_unpack2(x, x2, xb):
+    return _q4_K_nibbles(_rows2(x, x2, xb + 16), _rows2(x, x2, xb + 48), _rows2(x, x2, xb + 80),
+                         _rows2(x, x2, xb + 112))
 
 
 @njit(inline="always")
@@ -582,7 +613,7 @@ def dot_q4_K_q8_K(n, x, y, yo):
         ms = _k4_scales_mins(x, xb + 4)
         acc_m = fma(splat_f32x4(dmin), to_f32(_k4_min_prod(hi_half(ms), y, yb)), acc_m)
         l0, h0, l1, h1, l2, h2, l3, h3 = _q4_K_unpack(x, xb)
-        sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, ms)
+        sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, bcast_half(ms, 0))
         acc = fma(splat_f32x8(d), to_f32(sumi), acc)
     return hsum_f32x8(acc) + hsum_f32x4(acc_m)
 
@@ -612,13 +643,47 @@ def dot_cols_q4_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
             yd = load_f32(y, yb)
             am = lo_half(load_f32x8(acc, 64 * c + 32))
             am = fma(splat_f32x4(-yd * xdmin), to_f32(_k4_min_prod(mins, y, yb)), am)
-            sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, ms)
+            sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, bcast_half(ms, 0))
             a = fma(splat_f32x8(yd * xd), to_f32(sumi), load_f32x8(acc, 64 * c))
             store_f32x8(acc, 64 * c, a)
             store_f32x8(acc, 64 * c + 32, concat(am, am))
     for c in range(nc):
         out[c] = (hsum_f32x8(load_f32x8(acc, 64 * c))
                        + hsum_f32x4(lo_half(load_f32x8(acc, 64 * c + 32))))
+
+
+@_fast
+def dot_cols2_q4_K_q8_K(n, x, x2, y, yo, ycs, ybs, nc, acc, out):
+    """dot_cols_q4_K_q8_K of rows x and x2 at once: row x in the low 256 bits of each vector, x2 in
+    the high, so each instruction does both rows' lanes (AVX-512), with per row the lanes and
+    operations of dot_cols_q4_K_q8_K (the same results, bit for bit). out[2c] and out[2c + 1]
+    receive column c's products with x and x2. Per column, acc holds the 16 scale lanes (both
+    rows) at [32c, 32c+16) and the 8 min lanes at [32c+16, 32c+24)."""
+    zero = splat_f32x16(0.0)
+    for c in range(nc):
+        store_f32x16(acc, 128 * c, zero)
+        store_f32x16(acc, 128 * c + 64, zero)
+    for i in range(n // QK_K):
+        xb = i * Q4_K_SIZE
+        xd = concat(splat_f32x8(_F16[load_u16(x, xb)]), splat_f32x8(_F16[load_u16(x2, xb)]))
+        xdmin = concat(splat_f32x4(_F16[load_u16(x, xb + 2)]), splat_f32x4(_F16[load_u16(x2, xb + 2)]))
+        ms, ms2 = _k4_scales_mins(x, xb + 4), _k4_scales_mins(x2, xb + 4)
+        mins = concat(hi_half(ms), hi_half(ms2))
+        sc = concat(bcast_half(ms, 0), bcast_half(ms2, 0))
+        l0, h0, l1, h1, l2, h2, l3, h3 = _q4_K_unpack2(x, x2, xb)
+        for c in range(nc):
+            yb = yo + c * ycs + i * ybs
+            yd = load_f32(y, yb)
+            am = fma(vmul(splat_f32x8(-yd), xdmin), to_f32(_k4_min_prod(mins, y, yb)),
+                     load_f32x8(acc, 128 * c + 64))
+            sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc)
+            a = fma(vmul(splat_f32x16(yd), xd), to_f32(sumi), load_f32x16(acc, 128 * c))
+            store_f32x16(acc, 128 * c, a)
+            store_f32x8(acc, 128 * c + 64, am)
+    for c in range(nc):
+        a, am = load_f32x16(acc, 128 * c), load_f32x8(acc, 128 * c + 64)
+        out[2 * c] = hsum_f32x8(lo_half(a)) + hsum_f32x4(lo_half(am))
+        out[2 * c + 1] = hsum_f32x8(hi_half(a)) + hsum_f32x4(hi_half(am))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -639,7 +704,7 @@ def dot_q5_K_q8_K(n, x, y, yo):
         ms = _k4_scales_mins(x, xb + 4)
         summs = _fmaf(dmin, np.float32(simd.hsum_i32(_k4_min_prod(hi_half(ms), y, yb))), summs)
         l0, h0, l1, h1, l2, h2, l3, h3 = _q5_K_unpack(x, xb)
-        sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, ms)
+        sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, bcast_half(ms, 0))
         acc = fma(splat_f32x8(d), to_f32(sumi), acc)
     return hsum_f32x8(acc) + summs
 
@@ -668,7 +733,7 @@ def dot_cols_q5_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
             yd = load_f32(y, yb)
             pm = np.float32(simd.hsum_i32(_k4_min_prod(mins, y, yb)))
             acc[16 * c + 8] = _fmaf(-yd * xdmin, pm, acc[16 * c + 8])
-            sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, ms)
+            sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, bcast_half(ms, 0))
             store_f32x8(acc, 64 * c, fma(splat_f32x8(yd * xd), to_f32(sumi), load_f32x8(acc, 64 * c)))
     for c in range(nc):
         out[c] = hsum_f32x8(load_f32x8(acc, 64 * c)) + acc[16 * c + 8]
@@ -689,11 +754,22 @@ def _fmaf(a, b, c):
 def _q6_K_unpack(x, xb, h):
     """The 4 vectors of 32 six-bit quants (0..63) of half h (128 elements): element l, l+32, l+64,
     l+96 of the half (docs/quant-formats.md §1.8); low 4 bits from ql, high 2 bits from qh."""
-    m4 = splat_i8x32(0xF)
-    m3 = splat_i8x32(0x3)
-    b1 = load_i8x32(x, xb + 64 * h)
-    b2 = load_i8x32(x, xb + 64 * h + 32)
-    bh = load_i8x32(x, xb + 128 + 32 * h)
+    return _q6_K_quants(load_i8x32(x, xb + 64 * h), load_i8x32(x, xb + 64 * h + 32),
+                        load_i8x32(x, xb + 128 + 32 * h))
+
+
+@njit(inline="always")
+def _q6_K_unpack2(x, x2, xb, h):
+    """_q6_K_unpack of rows x and x2 side by side."""
+    return _q6_K_quants(_rows2(x, x2, xb + 64 * h), _rows2(x, x2, xb + 64 * h + 32),
+                        _rows2(x, x2, xb + 128 + 32 * h))
+
+
+@njit(inline="always")
+def _q6_K_quants(b1, b2, bh):
+    """Six-bit quants from ql bytes b1, b2 and qh bytes bh (32 bytes each, or 64: two rows)."""
+    m4 = widen_as(splat_i8x32(0xF), b1)
+    m3 = widen_as(splat_i8x32(0x3), b1)
     return (vor(vand(b1, m4), vsll(vand(bh, m3), 4)),
             vor(vand(b2, m4), vsll(vand(vsrl(bh, 2), m3), 4)),
             vor(vand(vsrl(b1, 4), m4), vsll(vand(vsrl(bh, 4), m3), 4)),
@@ -701,26 +777,26 @@ def _q6_K_unpack(x, xb, h):
 
 
 @njit(inline="always")
-def _q6_K_half(sumi, y, yb, h, q0, q1, q2, q3, sc):
-    """Add half h's Σ sc·q·q8: each 32-element vector spans 2 sub-blocks of 16, so its scale
+def _q6_K_half(y, yb, h, q0, q1, q2, q3, sc):
+    """Half h's Σ sc·q·q8: each 32-element vector spans 2 sub-blocks of 16, so its scale
     vector carries sc[2k] in lanes 0-7 and sc[2k+1] in lanes 8-15 (``pick16`` of ``sc``, the
     half's 8 scales in both 128-bit halves)."""
     o = yb + 4 + 128 * h
-    sumi = madd_acc(sumi, pick16(sc, 0, 1), maddubs(q0, load_i8x32(y, o)))
-    sumi = madd_acc(sumi, pick16(sc, 2, 3), maddubs(q1, load_i8x32(y, o + 32)))
-    sumi = madd_acc(sumi, pick16(sc, 4, 5), maddubs(q2, load_i8x32(y, o + 64)))
-    sumi = madd_acc(sumi, pick16(sc, 6, 7), maddubs(q3, load_i8x32(y, o + 96)))
-    return sumi
+    s0 = madd(pick16(sc, 0, 1), maddubs(q0, widen_as(load_i8x32(y, o), q0)))
+    s1 = madd(pick16(sc, 2, 3), maddubs(q1, widen_as(load_i8x32(y, o + 32), q0)))
+    s0 = madd_acc(s0, pick16(sc, 4, 5), maddubs(q2, widen_as(load_i8x32(y, o + 64), q0)))
+    s1 = madd_acc(s1, pick16(sc, 6, 7), maddubs(q3, widen_as(load_i8x32(y, o + 96), q0)))
+    return vadd(s0, s1)   # two chains (see _k4_sumi)
 
 
 @njit(inline="always")
 def _q6_K_sumi(y, yb, a0, a1, a2, a3, b0, b1, b2, b3, sc16):
     """8 int32 lanes of Σ sc·(q−32)·q8 for one block: GGML computes Σ sc·q·q8 and subtracts
-    32·Σ_s sc_s·bsum_s (madd of bsums and scales, shifted left by 5)."""
-    corr = vsll(madd(load_i16x16(y, yb + 260), sc16), 5)
-    sumi = _q6_K_half(splat_i32x8(0), y, yb, 0, a0, a1, a2, a3, bcast_half(sc16, 0))
-    sumi = _q6_K_half(sumi, y, yb, 1, b0, b1, b2, b3, bcast_half(sc16, 1))
-    return vsub(sumi, corr)
+    32·Σ_s sc_s·bsum_s (madd of bsums and scales, shifted left by 5). With two rows' quants and
+    scales side by side (``dot2_*``), 8 lanes for each."""
+    corr = vsll(madd(widen_as(load_i16x16(y, yb + 260), sc16), sc16), 5)
+    return vsub(vadd(_q6_K_half(y, yb, 0, a0, a1, a2, a3, bcast_half(sc16, 0)),
+                     _q6_K_half(y, yb, 1, b0, b1, b2, b3, bcast_half(sc16, 1))), corr)
 
 
 @_fast
@@ -762,6 +838,46 @@ def dot_cols_q6_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
             store_f32x8(acc, 64 * c, a)
     for c in range(nc):
         out[c] = hsum_f32x8(load_f32x8(acc, 64 * c))
+
+
+@_fast
+def dot2_q6_K_q8_K(n, x, x2, y, yo):
+    """dot_q6_K_q8_K of rows x and x2 at once (as dot_cols2_q4_K_q8_K): the same results, bit for bit."""
+    acc = splat_f32x16(0.0)
+    for i in range(n // QK_K):
+        xb = i * Q6_K_SIZE
+        yb = yo + i * Q8_K_SIZE
+        yd = load_f32(y, yb)
+        d = concat(splat_f32x8(yd * _F16[load_u16(x, xb + 208)]), splat_f32x8(yd * _F16[load_u16(x2, xb + 208)]))
+        sc16 = concat(sext(load_i8x16(x, xb + 192)), sext(load_i8x16(x2, xb + 192)))
+        a0, a1, a2, a3 = _q6_K_unpack2(x, x2, xb, 0)
+        b0, b1, b2, b3 = _q6_K_unpack2(x, x2, xb, 1)
+        sumi = _q6_K_sumi(y, yb, a0, a1, a2, a3, b0, b1, b2, b3, sc16)
+        acc = fma(d, to_f32(sumi), acc)
+    return hsum_f32x8(lo_half(acc)), hsum_f32x8(hi_half(acc))
+
+
+@_fast
+def dot_cols2_q6_K_q8_K(n, x, x2, y, yo, ycs, ybs, nc, acc, out):
+    """dot_cols_q6_K_q8_K of rows x and x2 at once (as dot_cols2_q4_K_q8_K)."""
+    zero = splat_f32x16(0.0)
+    for c in range(nc):
+        store_f32x16(acc, 128 * c, zero)
+    for i in range(n // QK_K):
+        xb = i * Q6_K_SIZE
+        xd = concat(splat_f32x8(_F16[load_u16(x, xb + 208)]), splat_f32x8(_F16[load_u16(x2, xb + 208)]))
+        sc16 = concat(sext(load_i8x16(x, xb + 192)), sext(load_i8x16(x2, xb + 192)))
+        a0, a1, a2, a3 = _q6_K_unpack2(x, x2, xb, 0)
+        b0, b1, b2, b3 = _q6_K_unpack2(x, x2, xb, 1)
+        for c in range(nc):
+            yb = yo + c * ycs + i * ybs
+            sumi = _q6_K_sumi(y, yb, a0, a1, a2, a3, b0, b1, b2, b3, sc16)
+            a = fma(vmul(splat_f32x16(load_f32(y, yb)), xd), to_f32(sumi), load_f32x16(acc, 128 * c))
+            store_f32x16(acc, 128 * c, a)
+    for c in range(nc):
+        a = load_f32x16(acc, 128 * c)
+        out[2 * c] = hsum_f32x8(lo_half(a))
+        out[2 * c + 1] = hsum_f32x8(hi_half(a))
 
 
 # ------------------------------------------------------------------------------------------------
