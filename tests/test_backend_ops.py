@@ -418,7 +418,7 @@ def test_flash_attn_ext_parity_with_libggml(d, n_kv, n_q, n_head, n_head_kv, ne3
              rng.uniform(-1, 1, (ne3, n_head_kv, n_kv, d)).astype(np_kv), mask.astype(np.float16)]
     got = run_lazyggml(specs, datas, lambda q, k, v, m: lg.flash_attn_ext(q, k, v, m, scale, max_bias, softcap), cpu)
     want = run_libggml(specs, datas, lambda g, c, q, k, v, m: g.ggml_flash_attn_ext(c, q, k, v, m, scale, max_bias,
-                                                                                    softcap), cpu.governor.ours or cpu.n_threads)
+                                                                                    softcap), cpu.n_threads)
     a, b = got.view(np.float32).astype(np.float64), want.view(np.float32).astype(np.float64)
     limit = _FA_F16_NMSE if kv == F16 else 1e-12
     assert nmse(a, b) < limit, f"NMSE {nmse(a, b):.2e} vs libggml (seed {SEED})"

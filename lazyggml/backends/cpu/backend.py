@@ -10,12 +10,18 @@ flag (unselected branches of ``build_forward_select``) and empty tensors are ski
 A graph is first turned into a *plan*: each node's forward function (``table.py``) returns its
 kernel calls with their arguments already built (views, scratch, constants), and the plan is the
 list of them all. It is kept in the graph's ``GraphPlan`` (``backends.KernelTable.plan``: the reuse
-contract, O(1) while the graph and the placement of tensors are unchanged), one per thread count
-(``threads.py`` picks it per graph: fewer threads while other programs keep CPUs busy), and
-replayed: a decode step then
-costs one Python call per kernel, and Numba's thread count is set once per graph, not per kernel
-(setting or reading it costs ~2 µs from Python). After its first run, when Numba has compiled every
-kernel for these arguments, the plan calls the compiled code directly (``_compiled``).
+contract, O(1) while the graph and the placement of tensors are unchanged), made for the backend's
+thread count, and replayed: a decode step then costs one Python call per kernel. After its first
+run, when Numba has compiled every kernel for these arguments, the plan calls the compiled code
+directly (``_compiled``).
+
+Each run sets Numba's thread count once (setting or reading it costs ~2 µs from Python), to what
+``threads.py`` picks for that graph: fewer threads while other programs keep CPUs busy. The plan
+stays the one made for the backend's count: its parallel kernels then share their tasks among
+fewer threads (a region on one thread costs ~0.7 µs more than a serial call), with the same
+results, bit for bit. A plan per thread count would need kernels (the serial twins of small
+work) that no run had loaded yet, and loading one from the cache mid-generation took 10-30 ms,
+compiling one seconds (a decode benchmark run at 33 tok/s instead of 1,400).
 """
 from __future__ import annotations
 
@@ -80,8 +86,8 @@ class CPUBackend(Backend):
 
     def graph_compute(self, g):
         n = self.governor.threads(self.n_threads)
-        numba.set_num_threads(n)   # before planning: forwards read it
-        plan = self._plan(g, n)
+        plan = self._plan(g, self.n_threads)
+        numba.set_num_threads(n)
         for kernel, args in plan.steps:
             kernel(*args)
         if not plan.direct:
@@ -91,11 +97,12 @@ class CPUBackend(Backend):
 
     def _plan(self, g, n_threads):
         """The bound kernel calls of ``g`` for ``n_threads`` threads, kept in its ``GraphPlan`` (the
-        reuse contract), one per thread count that ran it."""
+        reuse contract), one per thread count asked for (``set_n_threads`` may change it)."""
         gp = FORWARD.plan(g)
         plans = gp.state.setdefault(self, {})
         plan = plans.get(n_threads)
         if plan is None:
+            numba.set_num_threads(n_threads)   # the forwards read it
             steps = []
             for fn, node in gp.nodes:
                 steps += fn(node, host_view(node), [None if s is None else host_view(s) for s in node.src])
