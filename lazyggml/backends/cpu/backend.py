@@ -33,7 +33,7 @@ from numba._dispatcher import compute_fingerprint
 from ...backend import Backend, Device, DeviceType, Registry, host_view
 from ...buffer import BufferType, HostBuffer, Status
 from ...ops import EMPTY_OPS
-from .table import FORWARD
+from .table import FORWARD, planning
 from .threads import ThreadGovernor
 
 FORWARD.load()   # the kernels register themselves; the CPU backend is always there
@@ -104,8 +104,11 @@ class CPUBackend(Backend):
         if plan is None:
             numba.set_num_threads(n_threads)   # the forwards read it
             steps = []
-            for fn, node in gp.nodes:
-                steps += fn(node, host_view(node), [None if s is None else host_view(s) for s in node.src])
+            with planning() as scope:
+                for fn, node in gp.nodes:
+                    dst = host_view(node)
+                    scope.written(dst)
+                    steps += fn(node, dst, [None if s is None else host_view(s) for s in node.src])
             plan = plans[n_threads] = _Plan(steps)
         return plan
 

@@ -52,7 +52,7 @@ from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, as_type, row_size, type_size
 from . import common
-from .table import forward
+from .table import current_scope, forward
 from . import dispatch as D
 from . import quant as Q
 from . import simd
@@ -376,14 +376,23 @@ def mul_mat_steps(w, wtype, x, dst, nth):
     rs = row_size(vt, ne10)
     bsz = type_size(vt)
     yq = _scratch("yq", rs * nrows_x)
+    scope = current_scope()
     if nrows_x == 1:
+        if scope is not None:
+            scope.forget("yq")
         if parallel:
             return [(_matvec_par, (int(vt), x, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth))]
         return [(_matvec, (int(vt), x, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT))]
-    if parallel:
+    # products with the same input one after the other (Q, K and V; FFN gate and up) quantize it once
+    key = (yq.ctypes.data, yq.size, int(vt), x.__array_interface__["data"][0], x.shape, x.strides)
+    if scope is not None and scope.holds("yq", key):
+        steps = []
+    elif parallel:
         steps = [(_quantize_acts_par, (int(vt), x, yq, rs, bsz, nth))]
     else:
         steps = [(_quantize_acts, (int(vt), x, yq, rs, bsz))]
+    if steps and scope is not None:
+        scope.remember("yq", key, x)
     if parallel:
         steps.append((_run_fast_par, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth)))
     else:

@@ -12,8 +12,72 @@ the arguments are checked, converted and packed when the plan is made, and a dec
 the plan, one call per kernel. So a forward must not read the *contents* of its tensors (they
 change between replays): work that depends on them is a step of its own, a jitted kernel or a
 plain Python function.
+
+While a plan is made, its forwards share a ``PlanScope`` (``current_scope()``; None when a kernel
+is called outside a plan): a forward can leave a step out when an earlier step of the same plan
+already left its result in place, e.g. the matmuls of Q, K and V quantize their one input once.
 """
+import contextlib
+
 from .. import KernelTable
 
 FORWARD = KernelTable("CPU", __package__)
 forward = FORWARD.forward
+
+
+class PlanScope:
+    """What the forwards of one plan know of the steps before theirs, in node order: ``slot`` (a
+    scratch buffer) holds the result of a step identified by ``key``, computed from the memory of
+    ``src``. The backend calls ``written(dst)`` before each node's forward: a node that writes any of
+    that memory clears the slot (an in-place op, say), so a forward that finds its key in the slot
+    can leave its step out, and gets the same numbers."""
+
+    def __init__(self):
+        self._slots = {}   # slot -> (key, first byte, end byte of src)
+
+    def holds(self, slot, key):
+        entry = self._slots.get(slot)
+        return entry is not None and entry[0] == key
+
+    def remember(self, slot, key, src):
+        """``slot`` now holds the result ``key``, computed from the array ``src``."""
+        self._slots[slot] = (key, *_span(src))
+
+    def forget(self, slot):
+        """``slot`` was overwritten by a step whose result no key names."""
+        self._slots.pop(slot, None)
+
+    def written(self, dst):
+        lo, hi = _span(dst)
+        for slot, (_, a, b) in list(self._slots.items()):
+            if a < hi and lo < b:
+                del self._slots[slot]
+
+
+_scope = None
+
+
+@contextlib.contextmanager
+def planning():
+    """Make a plan: ``current_scope()`` is a new ``PlanScope`` until the block ends."""
+    global _scope
+    outer, _scope = _scope, PlanScope()
+    try:
+        yield _scope
+    finally:
+        _scope = outer
+
+
+def current_scope():
+    """The ``PlanScope`` of the plan being made, or None."""
+    return _scope
+
+
+def _span(a):
+    """[first byte, end byte) of the memory an array's elements occupy."""
+    lo = hi = a.__array_interface__["data"][0]
+    for n, st in zip(a.shape, a.strides):
+        if n == 0:
+            return lo, lo
+        lo, hi = lo + min(0, (n - 1) * st), hi + max(0, (n - 1) * st)
+    return lo, hi + a.itemsize
