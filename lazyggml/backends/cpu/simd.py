@@ -857,6 +857,26 @@ def lane(typingctx, a, i):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Not SIMD either: software prefetch
+# ---------------------------------------------------------------------------------------------------
+
+
+@intrinsic
+def prefetch(typingctx, arr, off):
+    """Ask for the cache line at byte ``off`` of ``arr`` ahead of its use (``llvm.prefetch``: a read,
+    kept in every level; ``prefetcht0``). It never faults, so ``off`` may lie past the array's end."""
+    if not (_is_array(arr) and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _data_ptr(context, builder, sig.args[0], args[0], args[1])
+        _call(builder, "llvm.prefetch.p0", ir.VoidType(), [p, _I32(0), _I32(3), _I32(1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, off), codegen
+
+
+# ---------------------------------------------------------------------------------------------------
 # Not SIMD, but the same escape hatch: an atomic counter for dynamic scheduling
 # ---------------------------------------------------------------------------------------------------
 
