@@ -183,6 +183,33 @@ def test_products_of_one_input_quantize_it_once(cpu):
         assert np.array_equal(tensor_get(y).reshape(5, 8), alone.reshape(5, 8))
 
 
+def test_ropes_of_one_position_tensor_share_their_cache(cpu):
+    """Ropes with the same positions and parameters (Q and K of every layer) make their cos/sin
+    cache once per plan; other parameters make their own. Each result equals its rope alone."""
+    from lazyggml.alloc import alloc_ctx_tensors_from_buft
+    from lazyggml.backends.cpu import cpu_buffer_type
+    rng = np.random.default_rng(SEED)
+    ctx = lg.Context(no_alloc=True)
+    with ctx:
+        q, k = ctx.new_tensor_3d(F32, 64, 4, 3), ctx.new_tensor_3d(F32, 64, 2, 3)
+        pos = ctx.new_tensor_1d(lg.Type.I32, 3)
+        outs = [lg.rope(q, pos, 64, 0), lg.rope(k, pos, 64, 0), lg.rope(q, pos, 32, 2)]
+    g = lg.Graph()
+    for o in outs:
+        lg.build_forward_expand(g, o)
+    alloc_ctx_tensors_from_buft(ctx, cpu_buffer_type())
+    qv, kv = rng.uniform(-1, 1, (3, 4, 64)).astype(np.float32), rng.uniform(-1, 1, (3, 2, 64)).astype(np.float32)
+    pv = np.array([5, 900, 17], np.int32)
+    for t, v in ((q, qv), (k, kv), (pos, pv)):
+        tensor_set(t, v)
+    cpu.graph_compute(g)
+    caches = [f for f, _ in cpu._plan(g, cpu.n_threads).steps if getattr(f, "__name__", "") == "rope_cache"]
+    assert len(caches) == 2
+    for o, (x, n_dims, mode) in zip(outs, [(qv, 64, 0), (kv, 64, 0), (qv, 32, 2)]):
+        alone = compute(cpu, lambda a, p: lg.rope(a, p, n_dims, mode), x, pv)
+        assert np.array_equal(tensor_get(o).reshape(x.shape), alone.reshape(x.shape))
+
+
 def test_float16_rounding_matches_numpy(cpu):
     """F32 -> F16 rounds to nearest even, overflows to inf, keeps NaN and subnormals (F16C's)."""
     special = np.array([0.0, -0.0, 65504.0, 65519.0, 65520.0, -1e9, np.inf, -np.inf, np.nan, 1e-8,

@@ -385,14 +385,14 @@ def mul_mat_steps(w, wtype, x, dst, nth):
         return [(_matvec, (int(vt), x, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT))]
     # products with the same input one after the other (Q, K and V; FFN gate and up) quantize it once
     key = (yq.ctypes.data, yq.size, int(vt), x.__array_interface__["data"][0], x.shape, x.strides)
-    if scope is not None and scope.holds("yq", key):
+    if scope is not None and scope.get("yq", key):
         steps = []
     elif parallel:
         steps = [(_quantize_acts_par, (int(vt), x, yq, rs, bsz, nth))]
     else:
         steps = [(_quantize_acts, (int(vt), x, yq, rs, bsz))]
     if steps and scope is not None:
-        scope.remember("yq", key, x)
+        scope.put("yq", key, (x,))
     if parallel:
         steps.append((_run_fast_par, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth)))
     else:

@@ -27,21 +27,23 @@ forward = FORWARD.forward
 
 class PlanScope:
     """What the forwards of one plan know of the steps before theirs, in node order: ``slot`` (a
-    scratch buffer) holds the result of a step identified by ``key``, computed from the memory of
-    ``src``. The backend calls ``written(dst)`` before each node's forward: a node that writes any of
-    that memory clears the slot (an in-place op, say), so a forward that finds its key in the slot
-    can leave its step out, and gets the same numbers."""
+    scratch buffer, say) holds ``value``, the result of a step identified by ``key``, computed from
+    the memory of the arrays ``srcs``. The backend calls ``written(dst)`` before each node's
+    forward: a node that writes any of that memory clears the slot (an in-place op, say), so a
+    forward that finds its key in the slot can leave its step out and use the value, and gets the
+    same numbers."""
 
     def __init__(self):
-        self._slots = {}   # slot -> (key, first byte, end byte of src)
+        self._slots = {}   # slot -> (key, value, [(first byte, end byte) of each src])
 
-    def holds(self, slot, key):
+    def get(self, slot, key):
+        """The value ``slot`` holds for ``key``, or None."""
         entry = self._slots.get(slot)
-        return entry is not None and entry[0] == key
+        return entry[1] if entry is not None and entry[0] == key else None
 
-    def remember(self, slot, key, src):
-        """``slot`` now holds the result ``key``, computed from the array ``src``."""
-        self._slots[slot] = (key, *_span(src))
+    def put(self, slot, key, srcs, value=True):
+        """``slot`` now holds ``value``, the result ``key`` computed from the arrays ``srcs``."""
+        self._slots[slot] = (key, value, [_span(a) for a in srcs])
 
     def forget(self, slot):
         """``slot`` was overwritten by a step whose result no key names."""
@@ -49,8 +51,8 @@ class PlanScope:
 
     def written(self, dst):
         lo, hi = _span(dst)
-        for slot, (_, a, b) in list(self._slots.items()):
-            if a < hi and lo < b:
+        for slot, (_, _, spans) in list(self._slots.items()):
+            if any(a < hi and lo < b for a, b in spans):
                 del self._slots[slot]
 
 
