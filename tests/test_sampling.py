@@ -94,3 +94,24 @@ def test_defaults_and_errors():
         Sampler(top_p=1.5)
     with pytest.raises(ValueError, match="temp"):
         Sampler(temp=float("inf"))
+
+
+def test_sample_is_candidates_then_the_draw():
+    """``sample`` (top-k, then the rest of the chain and the draw compiled) picks the token that
+    ``candidates`` followed by a draw in their cumulative distribution picks, with the same seed:
+    over temperatures, k, p, min-p, ties, and the cases that keep one candidate."""
+    rng = np.random.default_rng(3)
+    for trial in range(300):
+        x = (rng.standard_normal(512) * rng.uniform(0.5, 6)).astype(np.float32)
+        if trial % 5 == 0:
+            x[rng.integers(0, 512, 20)] = x.max()
+        kw = dict(temp=float(rng.choice([0.0, 0.3, 0.8, 1.5])), top_k=int(rng.choice([0, 1, 5, 40, 2000])),
+                  top_p=float(rng.choice([0.5, 0.95, 1.0])), min_p=float(rng.choice([0.0, 0.05, 0.3])))
+        a, b = Sampler(seed=trial, **kw), Sampler(seed=trial, **kw)
+        for _ in range(3):
+            ids, logits = b.candidates(x)
+            want = int(ids[0])
+            if len(ids) > 1:
+                cdf = np.cumsum(softmax(logits))
+                want = int(ids[min(int(np.searchsorted(cdf, b.rng.random() * cdf[-1], side="right")), len(ids) - 1)])
+            assert a.sample(x) == want, (trial, kw)
