@@ -6,8 +6,9 @@ Numba compiles a plain loop over bytes into scalar code: it does not turn "unpac
 unsigned by signed bytes, add neighbours, scale, add" into the eight AVX2 instructions GGML's
 ``ggml_vec_dot_q4_K_q8_K`` uses, and the quantized dot products are 4 to 6 times slower for it.
 LLVM, however, *can* emit those instructions when it is handed vector IR. So this module gives Numba
-a handful of LLVM vector types (``<32 x i8>``, ``<16 x i16>``, ``<8 x i32>``, ``<8 x float>`` and
-their 128-bit halves) and about thirty ``@intrinsic`` operations on them. A kernel written with them
+a handful of LLVM vector types (``<32 x i8>``, ``<16 x i16>``, ``<8 x i32>``, ``<8 x float>``, their
+128-bit halves and their 512-bit doubles, two rows side by side) and about thirty ``@intrinsic``
+operations on them. A kernel written with them
 reads like C written with ``<immintrin.h>`` (see ``vec_dot.py``), yet it is ordinary ``@njit`` code:
 the vectors live in Numba local variables, which LLVM keeps in registers.
 
@@ -253,7 +254,6 @@ splat_i16x16 = _make_splat(i16x16)
 splat_i32x8 = _make_splat(i32x8)
 splat_f32x8 = _make_splat(f32x8)
 splat_f32x4 = _make_splat(f32x4)
-splat_i8x64 = _make_splat(i8x64)
 splat_f32x16 = _make_splat(f32x16)
 
 
