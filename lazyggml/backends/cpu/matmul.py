@@ -52,7 +52,7 @@ from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, as_type, row_size, type_size
 from . import common
-from .table import current_scope, forward
+from .table import address, current_scope, forward
 from . import dispatch as D
 from . import quant as Q
 from . import simd
@@ -384,7 +384,7 @@ def mul_mat_steps(w, wtype, x, dst, nth):
             return [(_matvec_par, (int(vt), x, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth))]
         return [(_matvec, (int(vt), x, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT))]
     # products with the same input one after the other (Q, K and V; FFN gate and up) quantize it once
-    key = (yq.ctypes.data, yq.size, int(vt), x.__array_interface__["data"][0], x.shape, x.strides)
+    key = (address(yq), yq.size, int(vt), address(x), x.shape, x.strides)
     if scope is not None and scope.get("yq", key):
         steps = []
     elif parallel:

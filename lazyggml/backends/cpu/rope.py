@@ -37,7 +37,7 @@ from ...ops import (ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, Op, rope_params, rope_thet
                     rope_yarn_corr_dims)
 from ...types import Type
 from . import common, simd
-from .table import current_scope, forward
+from .table import address, current_scope, forward
 from .common import launch, parallel_kernel, unravel_row
 from .simd import fma as fmaf  # fused where the target has FMA, as GCC contracts GGML's C
 
@@ -118,25 +118,21 @@ def rope_constants(p):
 @forward(Op.ROPE, supports=_supports)
 def rope_forward(node, dst, srcs):
     p = rope_params(node)
-    ff, pos = srcs[2], srcs[1].reshape(-1)
-    ff = _NO_FF if ff is None else ff.reshape(-1)
+    pos, has_ff = srcs[1].reshape(-1), srcs[2] is not None
+    ff = srcs[2].reshape(-1) if has_ff else _NO_FF
     consts = rope_constants(p)
     # the ropes of a plan with the same positions, factors and parameters (Q and K, in every
     # layer) share one cos/sin cache, made by the first (GGML remakes it in each)
     scope = current_scope()
-    key = ("rope", _address(pos), pos.shape, _address(ff), srcs[2] is not None, p.n_dims, consts)
+    key = ("rope", address(pos), pos.shape, address(ff), has_ff, p.n_dims, consts)
     cache = None if scope is None else scope.get(key, key)
     steps = []
     if cache is None:
         cache = np.empty((pos.shape[0], p.n_dims // 2, 2), np.float32)   # the plan's own scratch
-        steps.append((rope_cache, (pos, ff, srcs[2] is not None, p.n_dims, consts, cache)))
+        steps.append((rope_cache, (pos, ff, has_ff, p.n_dims, consts, cache)))
         if scope is not None:
             scope.put(key, key, (pos, ff), cache)
     return steps + [launch(rope, dst.size, srcs[0], cache, p.n_dims, p.mode == ROPE_TYPE_NEOX, dst)]
-
-
-def _address(a):
-    return a.__array_interface__["data"][0]
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)

@@ -75,9 +75,14 @@ def current_scope():
     return _scope
 
 
+def address(a):
+    """The address of an array's first element (what plan keys name an array by)."""
+    return a.__array_interface__["data"][0]
+
+
 def _span(a):
     """[first byte, end byte) of the memory an array's elements occupy."""
-    lo = hi = a.__array_interface__["data"][0]
+    lo = hi = address(a)
     for n, st in zip(a.shape, a.strides):
         if n == 0:
             return lo, lo
