@@ -94,6 +94,8 @@ def temperature(ids, logits, t: float):
 
 
 # The filters on candidates already sorted (as every filter returns them): the chain sorts once.
+# Their arithmetic is compiled: as NumPy calls on a few dozen candidates, the chain and the draw
+# took ~40 µs, a tenth of a small model's decode step.
 
 @njit(cache=True)
 def _softmax64(x):
@@ -102,37 +104,35 @@ def _softmax64(x):
 
 
 @njit(cache=True)
-def _kept(logits, p, mp, t):
-    """How many of the sorted candidates ``_top_p``, ``_min_p`` and ``_temperature`` keep."""
-    n = logits.shape[0]
-    if p < 1.0:
-        n = max(1, np.searchsorted(np.cumsum(_softmax64(logits)), p) + 1)
-    if mp > 0.0:
-        floor = logits[0] + np.float32(np.log(mp))
-        n = max(1, np.count_nonzero(logits[:n] >= floor))
-    return 1 if t <= 0.0 else n
+def _n_top_p(logits, p):
+    """How many sorted candidates it takes for their probabilities to reach ``p``."""
+    return np.searchsorted(np.cumsum(_softmax64(logits)), p) + 1
 
 
 @njit(cache=True)
-def _draw(logits, n, t, u):
-    """The index among the first ``n`` sorted candidates that the uniform ``u`` picks once their
-    logits are divided by ``t``."""
-    cdf = np.cumsum(_softmax64(logits[:n] / np.float32(t)))
-    return min(np.searchsorted(cdf, u * cdf[-1], side="right"), n - 1)
+def _n_min_p(logits, p):
+    """How many sorted candidates have a logit of at least ``max + log(p)``."""
+    return np.count_nonzero(logits >= logits[0] + np.float32(np.log(p)))
+
+
+@njit(cache=True)
+def _draw(logits, u):
+    """The index of the candidate that the uniform ``u`` picks in their cumulative distribution."""
+    cdf = np.cumsum(_softmax64(logits))
+    return min(np.searchsorted(cdf, u * cdf[-1], side="right"), logits.shape[0] - 1)
 
 
 def _top_p(ids, logits, p, min_keep=1):
     if p >= 1.0:
         return ids, logits
-    cum = np.cumsum(softmax(logits))
-    n = max(min_keep, int(np.searchsorted(cum, p, side="left")) + 1)
+    n = max(min_keep, int(_n_top_p(logits, p)))
     return ids[:n], logits[:n]
 
 
 def _min_p(ids, logits, p, min_keep=1):
     if p <= 0.0:
         return ids, logits
-    n = max(min_keep, int(np.count_nonzero(logits >= logits[0] + np.float32(np.log(p)))))
+    n = max(min_keep, int(_n_min_p(logits, np.float64(p))))
     return ids[:n], logits[:n]
 
 
@@ -173,16 +173,9 @@ class Sampler:
         return _temperature(ids, logits, self.temp)
 
     def sample(self, logits) -> int:
-        """Draw the next token id from one row of logits (any float array of ``n_vocab`` values).
-        The same chain as ``candidates`` and then the draw, after top-k compiled into two calls:
-        their NumPy calls on a few dozen candidates took ~40 µs, a tenth of a small model's
-        decode step."""
-        logits = np.asarray(logits, dtype=np.float32).reshape(-1)
-        if logits.size == 0 or not np.isfinite(logits.max()):
-            raise ValueError("logits must be a non-empty row with no NaN and at least one finite value")
-        ids, logits = top_k(np.arange(logits.size), logits, self.top_k)
-        n = _kept(logits, self.top_p, self.min_p, self.temp)
-        if n == 1:
+        """Draw the next token id from one row of logits (any float array of ``n_vocab`` values)."""
+        ids, logits = self.candidates(logits)
+        if len(ids) == 1:
             return int(ids[0])
         # the dist step: a uniform draw located in the cumulative distribution
-        return int(ids[_draw(logits, n, self.temp, self.rng.random())])
+        return int(ids[_draw(logits, self.rng.random())])
