@@ -50,6 +50,7 @@ class Switch:
     body: str = ""               # a branch's lines around ``{kernel}`` (default: the call alone)
     pair_field: str = ""         # the field of a kernel for two rows at once, where a type has one ...
     pair_body: str = ""          # ... and the branch's lines for those types, around ``{kernel}`` and ``{pair}``
+    #                              (taken where simd.HAVE_AVX512BW, else ``body``)
 
 
 SWITCHES = [
@@ -66,9 +67,10 @@ SWITCHES = [
     Switch("dot_rows", "dot", lambda: types_with("dot"), "n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c", "_kernel",
            "Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the activation column at\n"
            "    byte yo of y into dst[i3, i2, c] (``vec_dot.dot_*``, two rows at once with ``dot2_*``\n"
-           "    where the type has it), for the quantized weight types. The row loop sits inside each\n"
-           "    branch: with the chain inside the loop instead, a Q4_K row of one super-block took 40 ns\n"
-           "    where the dot product alone takes 13. Each row asks for the bytes PREFETCH_AHEAD on.",
+           "    where the type has it and the CPU AVX-512BW), for the quantized weight types. The row\n"
+           "    loop sits inside each branch: with the chain inside the loop instead, a Q4_K row of one\n"
+           "    super-block took 40 ns where the dot product alone takes 13. Each row asks for the bytes\n"
+           "    PREFETCH_AHEAD on.",
            body="for r in range(r0, r1):\n"
                 "    _prefetch_ahead(w4[j3, j2, r], 1)\n"
                 "    dst[i3, i2, c, r] = {kernel}(n, w4[j3, j2, r], y, yo)",
@@ -82,7 +84,8 @@ SWITCHES = [
            "n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0", "_kernel",
            "Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the nc activation columns\n"
            "    from byte yo of y into dst[i3, i2, c0:c0 + nc] (``vec_dot.dot_cols_*``, two rows at once\n"
-           "    with ``dot_cols2_*`` where the type has it), for the quantized weight types.",
+           "    with ``dot_cols2_*`` where the type has it and the CPU AVX-512BW), for the quantized\n"
+           "    weight types.",
            body="for r in range(r0, r1):\n"
                 "    {kernel}(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)\n"
                 "    for k in range(nc):\n"
@@ -142,6 +145,12 @@ def _prefetch_ahead(x, rows):
         simd.prefetch(x, o)
 
 
+# The pair kernels (two weight rows at once, ``dot2_*`` / ``dot_cols2_*``) work on 512-bit vectors.
+# Without AVX-512BW, LLVM splits every such operation in two and emulates the byte multiply-adds:
+# on an AVX2-only CPU (AMD Zen 3) a Q6_K 1024x256 mat-vec took 54-59 µs through them against 25
+# through the one-row kernels, and 16-column tiles ran 1.3-2.3x slower. So their branches take them
+# only where ``simd.HAVE_AVX512BW`` (a constant of the compiled code: the other branch is dropped).
+
 # The chains test GGML's type ids (enum ggml_type, types.Type) as literals, the type's name beside.
 '''
 
@@ -156,6 +165,10 @@ def _kernel_name(fn, modules):
     return f"{alias}.{fn.__name__}"
 
 
+def _indent(text):
+    return ["    " + line for line in text.split("\n")]
+
+
 def _switch_code(sw, modules):
     """The source of one switch, and its {type: kernel name} (with ``+``, the pair kernel's)."""
     types = sorted(sw.types(), key=int)
@@ -166,11 +179,11 @@ def _switch_code(sw, modules):
     for i, t in enumerate(types):
         kernel = _kernel_name(getattr(TYPE_TRAITS_CPU[t], sw.field), modules)
         pair = getattr(TYPE_TRAITS_CPU[t], sw.pair_field) if sw.pair_field else None
-        if pair is not None:
+        body = sw.body.format(kernel=kernel) if sw.body else f"{kernel}({sw.params})"
+        if pair is not None:   # pair kernels only where 512-bit vectors are native (see PAIR_NOTE)
             pair = _kernel_name(pair, modules)
-            body = sw.pair_body.format(kernel=kernel, pair=pair)
-        else:
-            body = sw.body.format(kernel=kernel) if sw.body else f"{kernel}({sw.params})"
+            body = "\n".join(["if simd.HAVE_AVX512BW:"] + _indent(sw.pair_body.format(kernel=kernel, pair=pair))
+                              + ["else:"] + _indent(body))
         cases[t] = kernel if pair is None else f"{kernel}+{pair}"
         lines += [f"    {'elif' if i else 'if'} tid == {int(t)}:  # {t.name}"] + [f"        {b}" for b in body.split("\n")]
     return lines, cases

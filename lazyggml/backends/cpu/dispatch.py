@@ -40,6 +40,12 @@ def _prefetch_ahead(x, rows):
         simd.prefetch(x, o)
 
 
+# The pair kernels (two weight rows at once, ``dot2_*`` / ``dot_cols2_*``) work on 512-bit vectors.
+# Without AVX-512BW, LLVM splits every such operation in two and emulates the byte multiply-adds:
+# on an AVX2-only CPU (AMD Zen 3) a Q6_K 1024x256 mat-vec took 54-59 µs through them against 25
+# through the one-row kernels, and 16-column tiles ran 1.3-2.3x slower. So their branches take them
+# only where ``simd.HAVE_AVX512BW`` (a constant of the compiled code: the other branch is dropped).
+
 # The chains test GGML's type ids (enum ggml_type, types.Type) as literals, the type's name beside.
 
 
@@ -136,9 +142,10 @@ def from_float(tid, x, y):
 def dot_rows(tid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c):
     """Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the activation column at
     byte yo of y into dst[i3, i2, c] (``vec_dot.dot_*``, two rows at once with ``dot2_*``
-    where the type has it), for the quantized weight types. The row loop sits inside each
-    branch: with the chain inside the loop instead, a Q4_K row of one super-block took 40 ns
-    where the dot product alone takes 13. Each row asks for the bytes PREFETCH_AHEAD on."""
+    where the type has it and the CPU AVX-512BW), for the quantized weight types. The row
+    loop sits inside each branch: with the chain inside the loop instead, a Q4_K row of one
+    super-block took 40 ns where the dot product alone takes 13. Each row asks for the bytes
+    PREFETCH_AHEAD on."""
     if tid == 2:  # Q4_0
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
@@ -176,11 +183,16 @@ def dot_rows(tid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c):
             _prefetch_ahead(w4[j3, j2, r], 1)
             dst[i3, i2, c, r] = vec_dot.dot_q5_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 14:  # Q6_K
-        for r in range(r0, r1 - 1, 2):
-            _prefetch_ahead(w4[j3, j2, r], 2)
-            dst[i3, i2, c, r], dst[i3, i2, c, r + 1] = vec_dot.dot2_q6_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo)
-        if (r1 - r0) % 2:
-            dst[i3, i2, c, r1 - 1] = vec_dot.dot_q6_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo)
+        if simd.HAVE_AVX512BW:
+            for r in range(r0, r1 - 1, 2):
+                _prefetch_ahead(w4[j3, j2, r], 2)
+                dst[i3, i2, c, r], dst[i3, i2, c, r + 1] = vec_dot.dot2_q6_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo)
+            if (r1 - r0) % 2:
+                dst[i3, i2, c, r1 - 1] = vec_dot.dot_q6_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo)
+        else:
+            for r in range(r0, r1):
+                _prefetch_ahead(w4[j3, j2, r], 1)
+                dst[i3, i2, c, r] = vec_dot.dot_q6_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 20:  # IQ4_NL
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
@@ -195,7 +207,8 @@ def dot_rows(tid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c):
 def dot_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0):
     """Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the nc activation columns
     from byte yo of y into dst[i3, i2, c0:c0 + nc] (``vec_dot.dot_cols_*``, two rows at once
-    with ``dot_cols2_*`` where the type has it), for the quantized weight types."""
+    with ``dot_cols2_*`` where the type has it and the CPU AVX-512BW), for the quantized
+    weight types."""
     if tid == 2:  # Q4_0
         for r in range(r0, r1):
             vec_dot.dot_cols_q4_0_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
@@ -232,30 +245,42 @@ def dot_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3,
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 12:  # Q4_K
-        for r in range(r0, r1 - 1, 2):
-            vec_dot.dot_cols2_q4_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo, ycs, ybs, nc, acc, out)
-            for k in range(nc):
-                dst[i3, i2, c0 + k, r] = out[2 * k]
-                dst[i3, i2, c0 + k, r + 1] = out[2 * k + 1]
-        if (r1 - r0) % 2:
-            vec_dot.dot_cols_q4_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo, ycs, ybs, nc, acc, out)
-            for k in range(nc):
-                dst[i3, i2, c0 + k, r1 - 1] = out[k]
+        if simd.HAVE_AVX512BW:
+            for r in range(r0, r1 - 1, 2):
+                vec_dot.dot_cols2_q4_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo, ycs, ybs, nc, acc, out)
+                for k in range(nc):
+                    dst[i3, i2, c0 + k, r] = out[2 * k]
+                    dst[i3, i2, c0 + k, r + 1] = out[2 * k + 1]
+            if (r1 - r0) % 2:
+                vec_dot.dot_cols_q4_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo, ycs, ybs, nc, acc, out)
+                for k in range(nc):
+                    dst[i3, i2, c0 + k, r1 - 1] = out[k]
+        else:
+            for r in range(r0, r1):
+                vec_dot.dot_cols_q4_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+                for k in range(nc):
+                    dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 13:  # Q5_K
         for r in range(r0, r1):
             vec_dot.dot_cols_q5_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 14:  # Q6_K
-        for r in range(r0, r1 - 1, 2):
-            vec_dot.dot_cols2_q6_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo, ycs, ybs, nc, acc, out)
-            for k in range(nc):
-                dst[i3, i2, c0 + k, r] = out[2 * k]
-                dst[i3, i2, c0 + k, r + 1] = out[2 * k + 1]
-        if (r1 - r0) % 2:
-            vec_dot.dot_cols_q6_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo, ycs, ybs, nc, acc, out)
-            for k in range(nc):
-                dst[i3, i2, c0 + k, r1 - 1] = out[k]
+        if simd.HAVE_AVX512BW:
+            for r in range(r0, r1 - 1, 2):
+                vec_dot.dot_cols2_q6_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo, ycs, ybs, nc, acc, out)
+                for k in range(nc):
+                    dst[i3, i2, c0 + k, r] = out[2 * k]
+                    dst[i3, i2, c0 + k, r + 1] = out[2 * k + 1]
+            if (r1 - r0) % 2:
+                vec_dot.dot_cols_q6_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo, ycs, ybs, nc, acc, out)
+                for k in range(nc):
+                    dst[i3, i2, c0 + k, r1 - 1] = out[k]
+        else:
+            for r in range(r0, r1):
+                vec_dot.dot_cols_q6_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+                for k in range(nc):
+                    dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 20:  # IQ4_NL
         for r in range(r0, r1):
             vec_dot.dot_cols_iq4_nl_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)

@@ -23,8 +23,9 @@ How it runs (GGML's ``ggml_compute_forward_mul_mat``, reorganised):
 3. **A task** walks its weight rows; each row is dotted with all ``CT`` columns at once by
    ``vec_dot.dot_cols_*``, which unpacks every weight block once for all the columns (a weight
    byte is read from memory once per column tile, and unpacked once per column tile). With a
-   single column, the register-only ``vec_dot.dot_*`` is used. Where the type has them, rows go
-   two at a time through ``dot2_*`` / ``dot_cols2_*`` (512-bit vectors, the same results). The
+   single column, the register-only ``vec_dot.dot_*`` is used. Where the type has them and the
+   CPU has AVX-512BW, rows go two at a time through ``dot2_*`` / ``dot_cols2_*`` (512-bit
+   vectors, the same results; on AVX2 alone they are 1.3-2.3x slower, see dispatch.py). The
    kernels of the weight type are the traits table's ``dot`` / ``dot_cols`` (``dot2`` /
    ``dot_cols2``), picked by the switches generated from it (``dispatch.py``).
 

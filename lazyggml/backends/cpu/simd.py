@@ -86,8 +86,9 @@ HAVE_AVX512BW = HAVE_AVX2 and "avx512bw" in _FEATURES
 HAVE_VNNI = HAVE_AVX2 and "avx512vnni" in _FEATURES and "avx512vl" in _FEATURES
 #: True when ``crumb`` can use GFNI's ``vgf2p8affineqb`` (a shift and a mask of bytes in one instruction).
 HAVE_GFNI = HAVE_AVX2 and "gfni" in _FEATURES
-#: "avx2", "avx2+vnni" or "portable": printed by benchmarks and tests.
-ISA = ("avx2+vnni" if HAVE_VNNI else "avx2") if HAVE_AVX2 else "portable"
+#: "avx2", "avx2+avx512bw", "avx2+avx512bw+vnni" or "portable": printed by benchmarks and tests,
+#: and a salt of the cached kernels (the generated switches branch on HAVE_AVX512BW).
+ISA = ("avx2" + ("+avx512bw" if HAVE_AVX512BW else "") + ("+vnni" if HAVE_VNNI else "")) if HAVE_AVX2 else "portable"
 # ---------------------------------------------------------------------------------------------------
 # The vector types
 # ---------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ Fields of ``TypeTraitsCpu`` (rows are raw bytes: ``uint8`` 1-D arrays in GGML's 
   (``vec_dot.dot_pair_f32/f16/bf16``, ``dot_tile_f32/f16/bf16``);
 * ``dot2(n, x, x2, y, yo) -> (float32, float32)`` and ``dot_cols2(n, x, x2, y, yo, ycs, ybs, nc,
   acc, out)``: the same for two weight rows at once, on 512-bit vectors (the same results, bit for
-  bit); optional: the matmul pairs rows of the types that have them.
+  bit); optional: the matmul pairs rows of the types that have them on CPUs with AVX-512BW.
 
 Derived, not stored: ``blck_size`` and ``type_size`` (``types.py`` holds them, for every backend),
 ``fast`` (whether ``vec_dot`` is a SIMD kernel).

@@ -37,7 +37,9 @@ Three kernels per weight type, from slow and obvious to fast:
     column at 768 elements, 5.0-5.4 -> 3.7-3.9 at 2048; Q6_K 4.6-4.9 -> 3.6-3.7 at 768. One column:
     Q6_K 8.5 -> 6.6-7.4 ns a block, but Q4_K 8.6 -> 9.9 at 2048 elements (its two rows' scales are
     unpacked by scalar code and moved into vectors on the shuffle port that the 512-bit
-    multiplies also need), so Q4_K has no ``dot2``. Types without them run row by row.
+    multiplies also need), so Q4_K has no ``dot2``. Types without them run row by row, and so
+    does every type on a CPU without AVX-512BW, where LLVM splits 512-bit operations in two and
+    emulates the byte multiply-adds (AMD Zen 3: Q6_K mat-vec 2.2x slower through ``dot2``).
 
 All rows are raw bytes (``uint8`` 1-D arrays, the weight row starting at x[0]; ``yo`` is a byte
 offset into y), in GGML's block
