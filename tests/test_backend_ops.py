@@ -84,6 +84,25 @@ def test_get_rows_index_out_of_range_raises(cpu):
                 np.ones((2, 4), np.float32), np.array([0, -1], np.int32))
 
 
+def test_replayed_get_rows_still_checks_its_indices(cpu):
+    """A replayed plan calls the row kernels' compiled code directly: indices set after the first
+    run are still checked, and good ones still gathered."""
+    ctx = lg.Context(no_alloc=False)
+    a, idx = ctx.new_tensor_2d(F32, 4, 3), ctx.new_tensor_1d(I32, 2)
+    out = lg.get_rows(a, idx)
+    g = lg.Graph()
+    lg.build_forward_expand(g, out)
+    rows = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    tensor_set(a, rows)
+    for ids in ([2, 0], [1, 1], [0, 2]):
+        tensor_set(idx, np.array(ids, np.int32))
+        cpu.graph_compute(g)
+        np.testing.assert_array_equal(tensor_get(out).reshape(2, 4), rows[ids])
+    tensor_set(idx, np.array([1, 3], np.int32))
+    with pytest.raises(IndexError, match="get_rows: 1 indices out of range"):
+        cpu.graph_compute(g)
+
+
 def test_unsupported_types_are_refused(cpu):
     """supports_op is honest: F16 arithmetic is not implemented, and compute says so."""
     ctx = lg.Context(no_alloc=False)

@@ -12,7 +12,7 @@ def _governor(monkeypatch, n_cpus, others):
     """A governor on ``n_cpus`` CPUs whose readings are our last graph's threads (the kernel counts
     them, still spinning) plus ``others``, the other programs' runnable tasks, one per reading."""
     g = ThreadGovernor()
-    g.n_cpus = n_cpus
+    g.n_cpus, g.interval_ns = n_cpus, 0   # a reading at every graph
     it = iter(others)
     monkeypatch.setattr(g, "runnable", lambda: (g.ours or 1) + next(it))   # before any graph: the caller
     return g
@@ -35,6 +35,20 @@ def test_never_below_one_nor_above_the_backends_count(monkeypatch):
     g = _governor(monkeypatch, 4, [40] * WINDOW + [0] * WINDOW)
     assert [g.threads(3) for _ in range(WINDOW)][-1] == 1
     assert [g.threads(3) for _ in range(WINDOW)][-1] == 3
+
+
+def test_readings_are_at_least_an_interval_apart(monkeypatch):
+    """Graphs that start within ``INTERVAL_NS`` of the last reading keep its decision (no reading);
+    once the interval has passed, readings come again and see the CPU another program took."""
+    g = _governor(monkeypatch, 2, [0] * WINDOW + [2] * WINDOW)
+    assert [g.threads(2) for _ in range(WINDOW)] == [2] * WINDOW
+    g.interval_ns = 10**12                       # every later graph starts "soon"
+    read = g.runnable
+    monkeypatch.setattr(g, "runnable", lambda: pytest.fail("a reading within the interval"))
+    assert [g.threads(2) for _ in range(3 * WINDOW)] == [2] * (3 * WINDOW)
+    g.runnable = read
+    g.interval_ns = 0
+    assert [g.threads(2) for _ in range(WINDOW)][-1] == 1
 
 
 def test_without_a_runnable_count_the_backends_count_is_used(monkeypatch):

@@ -13,7 +13,7 @@ list of them all. It is kept in the graph's ``GraphPlan`` (``backends.KernelTabl
 contract, O(1) while the graph and the placement of tensors are unchanged), made for the backend's
 thread count, and replayed: a decode step then costs one Python call per kernel. After its first
 run, when Numba has compiled every kernel for these arguments, the plan calls the compiled code
-directly (``_compiled``).
+directly (``table.compiled``).
 
 Each run sets Numba's thread count once (setting or reading it costs ~2 µs from Python), to what
 ``threads.py`` picks for that graph: fewer threads while other programs keep CPUs busy. The plan
@@ -28,12 +28,11 @@ from __future__ import annotations
 import os
 
 import numba
-from numba._dispatcher import compute_fingerprint
 
 from ...backend import Backend, Device, DeviceType, Registry, host_view
 from ...buffer import BufferType, HostBuffer, Status
 from ...ops import EMPTY_OPS
-from .table import FORWARD, planning
+from .table import FORWARD, compiled, planning
 from .threads import ThreadGovernor
 
 FORWARD.load()   # the kernels register themselves; the CPU backend is always there
@@ -87,11 +86,12 @@ class CPUBackend(Backend):
     def graph_compute(self, g):
         n = self.governor.threads(self.n_threads)
         plan = self._plan(g, self.n_threads)
-        numba.set_num_threads(n)
+        if numba.get_num_threads() != n:   # reading it costs a third of setting it (~1 vs 3 µs)
+            numba.set_num_threads(n)
         for kernel, args in plan.steps:
             kernel(*args)
         if not plan.direct:
-            plan.steps = [(_compiled(kernel, args), args) for kernel, args in plan.steps]
+            plan.steps = [(compiled(kernel, args), args) for kernel, args in plan.steps]
             plan.direct = True
         return Status.SUCCESS
 
@@ -120,34 +120,6 @@ class _Plan:
 
     def __init__(self, steps):
         self.steps, self.direct = steps, False
-
-
-def _compiled(kernel, args):
-    """The compiled entry point of a Numba kernel for the types of ``args``, or ``kernel`` itself
-    (a Python step, or no exact overload). A plan's arguments never change type, so its calls can
-    skip Numba's type dispatch: ~0.3 µs a call, ~10% of the 3.7M model's decode step."""
-    overloads = getattr(kernel, "overloads", None)
-    if overloads is None:
-        return kernel
-    compiled = overloads.get(tuple(_arg_type(kernel, a) for a in args))
-    return kernel if compiled is None else compiled.entry_point
-
-
-_ARG_TYPES = {}   # Numba's fingerprint of an argument -> its Numba type
-
-
-def _arg_type(kernel, a):
-    """``kernel.typeof_pyval(a)``, looked up by the fingerprint Numba's own dispatcher keys its
-    type cache on (its C ``compute_fingerprint``, ~0.3 µs). Through ``typeof_pyval`` alone,
-    binding the 3.7M model's plan took 4 ms, as much as it saves in 64 decode steps; this way 1 ms."""
-    try:
-        fingerprint = compute_fingerprint(a)
-    except NotImplementedError:   # a value without one (a string...): Numba's slow path too
-        return kernel.typeof_pyval(a)
-    t = _ARG_TYPES.get(fingerprint)
-    if t is None:
-        t = _ARG_TYPES[fingerprint] = kernel.typeof_pyval(a)
-    return t
 
 
 def set_n_threads(backend, n):

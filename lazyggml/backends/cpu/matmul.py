@@ -101,44 +101,50 @@ FLOAT_PARALLEL_MIN_MACS = 1 << 17
 # =================================================================================================
 
 @_kernel
-def _quantize_rows(vtid, x4, yq, rs, bsz, r0, r1, tmp, rowbuf):
+def _quantize_rows(vtid, x4, xflat, yq, rs, bsz, r0, r1, tmp, rowbuf):
     """Quantize activation rows r0..r1 (flattened over i3, i2, i1) into yq, rs bytes per row.
 
-    The row is first copied into the contiguous tmp, so strided x costs one gather, not a
-    recompile. The blocks of a batch's ne11 columns are interleaved (block-major): column c's
-    block i lands at batch_base + (i*ne11 + c)*bsz, so the kernels that walk block i of a tile of
-    columns read one contiguous stretch of memory (hardware prefetchers follow it; 16 separate
-    column streams they follow less well)."""
-    ne12, ne11 = x4.shape[1], x4.shape[2]
+    The blocks of a batch's ne11 columns are interleaved (block-major): column c's block i lands
+    at batch_base + (i*ne11 + c)*bsz, so the kernels that walk block i of a tile of columns read
+    one contiguous stretch of memory (hardware prefetchers follow it; 16 separate column streams
+    they follow less well). The rows are quantized into ``rowbuf`` ((r1 - r0) * rs bytes) and
+    their blocks moved into place: for a contiguous x (``xflat``, its elements in order) all of
+    them in one call (rows are whole blocks: the bytes are those of row by row; a call per row
+    took ~40% longer for rows of 256 to 768); for a strided x (``xflat`` empty) row by row, each
+    first copied into the contiguous ``tmp``, so it costs one gather, not a recompile."""
+    ne12, ne11, ne10 = x4.shape[1], x4.shape[2], x4.shape[3]
+    if xflat.size:
+        D.from_float(vtid, xflat[r0 * ne10:r1 * ne10], rowbuf[:(r1 - r0) * rs])
     for r in range(r0, r1):
         i1 = r % ne11
-        i2 = (r // ne11) % ne12
-        i3 = r // (ne11 * ne12)
-        tmp[:] = x4[i3, i2, i1, :]
-        D.from_float(vtid, tmp, rowbuf)
+        src = (r - r0) * rs
+        if not xflat.size:
+            i2 = (r // ne11) % ne12
+            i3 = r // (ne11 * ne12)
+            tmp[:] = x4[i3, i2, i1, :]
+            D.from_float(vtid, tmp, rowbuf[src:src + rs])
         base = (r - i1) * rs + i1 * bsz
         for i in range(rs // bsz):
             o = base + i * ne11 * bsz
-            yq[o:o + bsz] = rowbuf[i * bsz:(i + 1) * bsz]
+            yq[o:o + bsz] = rowbuf[src + i * bsz:src + (i + 1) * bsz]
 
 
 @_parallel
-def _quantize_acts_par(vtid, x4, yq, rs, bsz, nth):
+def _quantize_acts_par(vtid, x4, xflat, yq, rs, bsz, nth, tmp, rowbuf):
+    """``_quantize_acts`` on ``nth`` threads; thread th works in row th of ``tmp`` / ``rowbuf``
+    (room for ceil(rows / nth) quantized rows)."""
     nrows = x4.shape[0] * x4.shape[1] * x4.shape[2]
     nth = min(nth, nrows)
     for th in prange(nth):
-        tmp = np.empty(x4.shape[3], np.float32)
-        rowbuf = np.empty(rs, np.uint8)
-        _quantize_rows(vtid, x4, yq, rs, bsz, th * nrows // nth,
-                       (th + 1) * nrows // nth, tmp, rowbuf)
+        _quantize_rows(vtid, x4, xflat, yq, rs, bsz, th * nrows // nth,
+                       (th + 1) * nrows // nth, tmp[th], rowbuf[th])
 
 
 @_kernel
-def _quantize_acts(vtid, x4, yq, rs, bsz):
-    tmp = np.empty(x4.shape[3], np.float32)
-    rowbuf = np.empty(rs, np.uint8)
-    _quantize_rows(vtid, x4, yq, rs, bsz, 0, x4.shape[0] * x4.shape[1] * x4.shape[2],
-                   tmp, rowbuf)
+def _quantize_acts(vtid, x4, xflat, yq, rs, bsz):
+    nrows = x4.shape[0] * x4.shape[1] * x4.shape[2]
+    _quantize_rows(vtid, x4, xflat, yq, rs, bsz, 0, nrows, np.empty(x4.shape[3], np.float32),
+                   np.empty(nrows * rs, np.uint8))
 
 
 @_kernel
@@ -182,15 +188,15 @@ def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
 
 
 @_parallel
-def _run_fast_par(kid, n, w4, yq, rs, bsz, dst, RT, CT, nth):
+def _run_fast_par(kid, n, w4, yq, rs, bsz, dst, RT, CT, nth, counter, acc, tmp):
+    """The tasks on ``nth`` threads, taken from ``counter[0]``; thread th works in row th of
+    ``acc`` / ``tmp``."""
     ntasks = _n_tasks(w4, dst, RT, CT)
-    counter = np.zeros(1, np.int64)
-    for _ in prange(min(nth, ntasks)):
-        acc = np.empty(V.ACC_PER_COL * CT, np.float32)
-        tmp = np.empty(2 * CT, np.float32)
+    counter[0] = 0
+    for th in prange(min(nth, ntasks)):
         t = simd.fetch_add(counter, 0, 1)
         while t < ntasks:
-            _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp)
+            _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc[th], tmp[th])
             t = simd.fetch_add(counter, 0, 1)
 
 
@@ -207,15 +213,15 @@ def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
 # argument ~0.1 µs more: this took the 3.7M model's decode step from 117 calls to 88).
 
 @_kernel
-def _matvec(vtid, x4, kid, n, w4, yq, rs, bsz, dst, RT, CT):
-    _quantize_acts(vtid, x4, yq, rs, bsz)
+def _matvec(vtid, x4, xflat, kid, n, w4, yq, rs, bsz, dst, RT, CT):
+    _quantize_acts(vtid, x4, xflat, yq, rs, bsz)
     _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT)
 
 
 @_kernel
-def _matvec_par(vtid, x4, kid, n, w4, yq, rs, bsz, dst, RT, CT, nth):
-    _quantize_acts(vtid, x4, yq, rs, bsz)
-    _run_fast_par(kid, n, w4, yq, rs, bsz, dst, RT, CT, nth)
+def _matvec_par(vtid, x4, xflat, kid, n, w4, yq, rs, bsz, dst, RT, CT, nth, counter, acc, tmp):
+    _quantize_acts(vtid, x4, xflat, yq, rs, bsz)
+    _run_fast_par(kid, n, w4, yq, rs, bsz, dst, RT, CT, nth, counter, acc, tmp)
 
 
 # ---- float weights --------------------------------------------------------------------------------
@@ -258,9 +264,9 @@ def _task_float(kind, n, w4, xf, dst, t, RT, CT):
 
 
 @_parallel
-def _run_float_par(kind, n, w4, xf, dst, RT, CT, nth):
+def _run_float_par(kind, n, w4, xf, dst, RT, CT, nth, counter):
     ntasks = _n_tasks(w4, dst, RT, CT)
-    counter = np.zeros(1, np.int64)
+    counter[0] = 0
     for _ in prange(min(nth, ntasks)):
         t = simd.fetch_add(counter, 0, 1)
         while t < ntasks:
@@ -279,6 +285,7 @@ def _run_float(kind, n, w4, xf, dst, RT, CT):
 # =================================================================================================
 
 _tls = threading.local()
+_STRIDED = np.empty(0, np.float32)   # xflat of an x whose rows are not one contiguous run
 
 
 def _scratch(name, nbytes):
@@ -289,6 +296,13 @@ def _scratch(name, nbytes):
         buf = np.empty(max(nbytes, 1 << 16), np.uint8)
         setattr(_tls, name, buf)
     return buf[:nbytes]
+
+
+def _thread_scratch(name, nth, n, dtype):
+    """``_scratch`` as ``nth`` rows of ``n`` elements, one per thread of a parallel kernel. Passed
+    in rather than allocated inside the region: an allocation there cost ~1 µs a region (the
+    task counter's alone), a tenth of a small mat-vec."""
+    return _scratch(name, nth * n * np.dtype(dtype).itemsize).view(dtype).reshape(nth, n)
 
 
 @_kernel
@@ -365,7 +379,8 @@ def mul_mat_steps(w, wtype, x, dst, nth):
             raise ValueError(f"mul_mat: weight rows must be {ne10} contiguous elements")
         kind = KIND[wtype]
         if parallel:
-            steps.append((_run_float_par, (kind, ne10, w, xf.reshape(-1), dst, RT, CT, nth)))
+            steps.append((_run_float_par, (kind, ne10, w, xf.reshape(-1), dst, RT, CT, nth,
+                                           _thread_scratch("counter", 1, 1, np.int64)[0])))
         else:
             steps.append((_run_float, (kind, ne10, w, xf.reshape(-1), dst, RT, CT)))
         return steps
@@ -377,25 +392,30 @@ def mul_mat_steps(w, wtype, x, dst, nth):
     rs = row_size(vt, ne10)
     bsz = type_size(vt)
     yq = _scratch("yq", rs * nrows_x)
+    xflat = x.reshape(-1) if x.flags.c_contiguous else _STRIDED   # see _quantize_rows
     scope = current_scope()
+    if parallel:   # the parallel kernels' per-thread scratch and task counter
+        tasks = (_thread_scratch("counter", 1, 1, np.int64)[0], _thread_scratch("acc", nth, V.ACC_PER_COL * CT, np.float32),
+                 _thread_scratch("tmp", nth, 2 * CT, np.float32))
     if nrows_x == 1:
         if scope is not None:
             scope.forget("yq")
         if parallel:
-            return [(_matvec_par, (int(vt), x, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth))]
-        return [(_matvec, (int(vt), x, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT))]
+            return [(_matvec_par, (int(vt), x, xflat, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth) + tasks)]
+        return [(_matvec, (int(vt), x, xflat, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT))]
     # products with the same input one after the other (Q, K and V; FFN gate and up) quantize it once
     key = (address(yq), yq.size, int(vt), address(x), x.shape, x.strides)
     if scope is not None and scope.get("yq", key):
         steps = []
     elif parallel:
-        steps = [(_quantize_acts_par, (int(vt), x, yq, rs, bsz, nth))]
+        steps = [(_quantize_acts_par, (int(vt), x, xflat, yq, rs, bsz, nth, _thread_scratch("qtmp", nth, ne10, np.float32),
+                                       _thread_scratch("qrow", nth, -(-nrows_x // nth) * rs, np.uint8)))]
     else:
-        steps = [(_quantize_acts, (int(vt), x, yq, rs, bsz))]
+        steps = [(_quantize_acts, (int(vt), x, xflat, yq, rs, bsz))]
     if steps and scope is not None:
         scope.put("yq", key, (x,))
     if parallel:
-        steps.append((_run_fast_par, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth)))
+        steps.append((_run_fast_par, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth) + tasks))
     else:
         steps.append((_run_fast, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT)))
     return steps

@@ -19,6 +19,8 @@ already left its result in place, e.g. the matmuls of Q, K and V quantize their 
 """
 import contextlib
 
+from numba._dispatcher import compute_fingerprint
+
 from .. import KernelTable
 
 FORWARD = KernelTable("CPU", __package__)
@@ -88,3 +90,31 @@ def _span(a):
             return lo, lo
         lo, hi = lo + min(0, (n - 1) * st), hi + max(0, (n - 1) * st)
     return lo, hi + a.itemsize
+
+
+def compiled(kernel, args):
+    """The compiled entry point of a Numba kernel for the types of ``args``, or ``kernel`` itself
+    (a Python step, or no exact overload). A plan's arguments never change type, so its calls can
+    skip Numba's type dispatch: ~0.3 µs a call, ~10% of the 3.7M model's decode step."""
+    overloads = getattr(kernel, "overloads", None)
+    if overloads is None:
+        return kernel
+    compiled = overloads.get(tuple(_arg_type(kernel, a) for a in args))
+    return kernel if compiled is None else compiled.entry_point
+
+
+_ARG_TYPES = {}   # Numba's fingerprint of an argument -> its Numba type
+
+
+def _arg_type(kernel, a):
+    """``kernel.typeof_pyval(a)``, looked up by the fingerprint Numba's own dispatcher keys its
+    type cache on (its C ``compute_fingerprint``, ~0.3 µs). Through ``typeof_pyval`` alone,
+    binding the 3.7M model's plan took 4 ms, as much as it saves in 64 decode steps; this way 1 ms."""
+    try:
+        fingerprint = compute_fingerprint(a)
+    except NotImplementedError:   # a value without one (a string...): Numba's slow path too
+        return kernel.typeof_pyval(a)
+    t = _ARG_TYPES.get(fingerprint)
+    if t is None:
+        t = _ARG_TYPES[fingerprint] = kernel.typeof_pyval(a)
+    return t
