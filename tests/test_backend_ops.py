@@ -103,6 +103,23 @@ def test_replayed_get_rows_still_checks_its_indices(cpu):
         cpu.graph_compute(g)
 
 
+def test_f32_rows_to_f16_round_as_numpy_does():
+    """The CPU's F32 -> F16 row conversion (the KV cache's writes; 8 lanes at a time, then a tail)
+    rounds to nearest even like NumPy's float16, subnormals, overflow and signed zeros included."""
+    from lazyggml.backends.cpu import common as C
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.standard_normal(1000) * 10.0 ** rng.integers(-9, 6, 1000),
+                        [0.0, -0.0, np.inf, -np.inf, 65504, 65519.99, 65520, 6e-8, 2.9e-8, -6.1e-5, 1e-10]])
+    x = x.astype(np.float32)
+    got = np.zeros(x.size, np.uint16)
+    C.convert_row(x.view(np.uint32), C.KIND_F32, got, C.KIND_F16)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(got, x.astype(np.float16).view(np.uint16))
+    strided = np.zeros(2 * x.size, np.uint16)   # a destination whose elements are not packed
+    C.convert_row(x.view(np.uint32), C.KIND_F32, strided[::2], C.KIND_F16)
+    np.testing.assert_array_equal(strided[::2], got)
+
+
 def test_unsupported_types_are_refused(cpu):
     """supports_op is honest: F16 arithmetic is not implemented, and compute says so."""
     ctx = lg.Context(no_alloc=False)

@@ -77,13 +77,20 @@ def from_f32(x, kind):
 
 @_kernel
 def convert_row(s, skind, d, dkind):
-    """``d[:] = s[:]`` element by element, converting between kinds (KIND_RAW: the same bits)."""
+    """``d[:] = s[:]`` element by element, converting between kinds (KIND_RAW: the same bits).
+    F32 to F16 between packed rows (the KV cache's writes) goes 8 at a time (``vcvtps2ph``): a
+    call per element and kind cost ~5 ns an element, 40 µs for a 64-token batch's keys."""
     if skind == dkind or skind == KIND_RAW:
         for i in range(s.shape[0]):
             d[i] = s[i]
-    else:
-        for i in range(s.shape[0]):
-            d[i] = from_f32(to_f32(s[i], skind), dkind)
+        return
+    i = 0
+    if skind == KIND_F32 and dkind == KIND_F16 and s.strides[0] == 4 and d.strides[0] == 2:
+        while i + 8 <= s.shape[0]:
+            simd.store_i16x8(d, 2 * i, simd.f32x8_to_f16(simd.load_f32x8(s, 4 * i)))
+            i += 8
+    for j in range(i, s.shape[0]):
+        d[j] = from_f32(to_f32(s[j], skind), dkind)
 
 
 # below this many elements a parallel kernel runs on one thread: waking the pool costs more

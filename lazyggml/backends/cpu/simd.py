@@ -221,6 +221,7 @@ def _make_store(vt):
 #: ``store_f32x8(a, off, v)``: the 8 floats of ``v`` at byte ``off`` of ``a`` (unaligned).
 store_f32x8 = _make_store(f32x8)
 store_f32x16 = _make_store(f32x16)
+store_i16x8 = _make_store(i16x8)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -728,6 +729,21 @@ def f16x8_to_f32(typingctx, a):
         return _f16_bits_to_f32(builder, builder.zext(args[0], ir.VectorType(_I32, 8)))
 
     return f32x8(a), codegen
+
+
+@intrinsic
+def f32x8_to_f16(typingctx, a):
+    """8 float32 to their fp16 bit patterns (``<8 x i16>``), rounded to nearest even (GGML's
+    ``GGML_CPU_FP32_TO_FP16``). F16C: ``vcvtps2ph``."""
+    if a != f32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if HAVE_F16C:
+            return builder.bitcast(builder.fptrunc(args[0], ir.VectorType(ir.HalfType(), 8)), i16x8.llvm_type())
+        return builder.trunc(_f32_to_f16_bits(builder, args[0]), i16x8.llvm_type())
+
+    return i16x8(a), codegen
 
 
 @intrinsic
