@@ -186,10 +186,13 @@ def test_plan_survives_other_graphs_allocations(cpu):
     assert cpu._plan(g, cpu.n_threads) is not plan and np.array_equal(tensor_get(out).ravel(), np.full(16, 3.0))
 
 
-def test_products_of_one_input_quantize_it_once(cpu):
+@pytest.mark.parametrize("n_cols", [5, 1], ids=["batch", "decode"])
+def test_products_of_one_input_quantize_it_once(cpu, n_cols):
     """Quantized products of the same activations one after the other (Q, K, V) quantize them once
     per plan; a node that writes those activations in between (an in-place add) makes the next
-    product quantize them again. Every result equals its product computed alone."""
+    product quantize them again. A single column is quantized by its first product's own call
+    (``_matvec``); the next product runs without quantizing (``_run_fast``). Every result equals
+    its product computed alone."""
     from lazyggml.alloc import alloc_ctx_tensors_from_buft
     from lazyggml.backends.cpu import cpu_buffer_type, matmul
     Q4_K = lg.Type.Q4_K
@@ -197,7 +200,7 @@ def test_products_of_one_input_quantize_it_once(cpu):
     ws = [quants.quantize(Q4_K, rng.uniform(-1, 1, (8, 256)).astype(np.float32)) for _ in range(4)]
     ctx = lg.Context(no_alloc=True)
     with ctx:
-        x, b = ctx.new_tensor_2d(F32, 256, 5), ctx.new_tensor_2d(F32, 256, 5)
+        x, b = ctx.new_tensor_2d(F32, 256, n_cols), ctx.new_tensor_2d(F32, 256, n_cols)
         w = [ctx.new_tensor_2d(Q4_K, 256, 8) for _ in ws]
         y0, y1 = lg.mul_mat(w[0], x), lg.mul_mat(w[1], x)
         x2 = lg.add_inplace(x, b)                 # x's memory, written after y0 and y1 read it
@@ -206,17 +209,17 @@ def test_products_of_one_input_quantize_it_once(cpu):
     for y in (y0, y1, y2, y3):
         lg.build_forward_expand(g, y)
     alloc_ctx_tensors_from_buft(ctx, cpu_buffer_type())
-    xv, bv = rng.uniform(-1, 1, (2, 5, 256)).astype(np.float32)
+    xv, bv = rng.uniform(-1, 1, (2, n_cols, 256)).astype(np.float32)
     for t, v in [(x, xv), (b, bv)] + list(zip(w, ws)):
         tensor_set(t, v)
     cpu.graph_compute(g)
-    quantizes = [k for k, _ in cpu._plan(g, cpu.n_threads).steps
-                 if getattr(k, "__name__", "").startswith("_quantize_acts")]
-    assert len(quantizes) == 2
+    names = [getattr(k, "__name__", "") for k, _ in cpu._plan(g, cpu.n_threads).steps]
+    quantizing = ("_matvec",) if n_cols == 1 else ("_quantize_acts",)
+    assert len([n for n in names if n.startswith(quantizing)]) == 2, names
     for y, wv, xin in [(y0, ws[0], xv), (y1, ws[1], xv), (y2, ws[2], xv + bv), (y3, ws[3], xv + bv)]:
-        alone = matmul.mul_mat(wv.reshape(1, 1, 8, -1), Q4_K, xin.reshape(1, 1, 5, 256),
-                               np.empty((1, 1, 5, 8), np.float32))
-        assert np.array_equal(tensor_get(y).reshape(5, 8), alone.reshape(5, 8))
+        alone = matmul.mul_mat(wv.reshape(1, 1, 8, -1), Q4_K, xin.reshape(1, 1, n_cols, 256),
+                               np.empty((1, 1, n_cols, 8), np.float32))
+        assert np.array_equal(tensor_get(y).reshape(n_cols, 8), alone.reshape(n_cols, 8))
 
 
 def test_ropes_of_one_position_tensor_share_their_cache(cpu):
