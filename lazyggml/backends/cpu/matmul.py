@@ -212,12 +212,24 @@ def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
 # arguments for Python to pass, per product instead of two (a call costs ~0.3 µs, each array
 # argument ~0.1 µs more: this took the 3.7M model's decode step from 117 calls to 88). The products
 # after it with the same row (K then V and Q; FFN gate then up) find it quantized (the plan's
-# scope) and run ``_run_fast`` alone: 12 of a 3.7M decode step's 29 quantizations (~0.75 µs each).
+# scope) and run ``_run_rows`` (or ``_run_fast_par``) alone: 12 of a 3.7M decode step's 29
+# quantizations (~0.75 µs each).
 
 @_kernel
-def _matvec(vtid, x4, xflat, kid, n, w4, yq, rs, bsz, dst, RT, CT):
+def _run_rows(kid, n, w4, yq, rs, dst):
+    """A single column on one thread: each batch's rows in one ``dispatch.dot_rows`` call, without
+    tasks (their geometry and scratch cost ~2 µs of a 768x256 mat-vec's ~19)."""
+    ne13, ne12 = dst.shape[0], dst.shape[1]
+    for i3 in range(ne13):
+        for i2 in range(ne12):
+            D.dot_rows(kid, n, w4, i3 // (ne13 // w4.shape[0]), i2 // (ne12 // w4.shape[1]), 0, w4.shape[2],
+                       yq, (i3 * ne12 + i2) * rs, dst, i3, i2, 0)
+
+
+@_kernel
+def _matvec(vtid, x4, xflat, kid, n, w4, yq, rs, bsz, dst):
     _quantize_acts(vtid, x4, xflat, yq, rs, bsz)
-    _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT)
+    _run_rows(kid, n, w4, yq, rs, dst)
 
 
 @_kernel
@@ -407,7 +419,9 @@ def mul_mat_steps(w, wtype, x, dst, nth):
             scope.put("yq", key, (x,))
         if parallel:
             return [(_matvec_par, (int(vt), x, xflat, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth) + tasks)]
-        return [(_matvec, (int(vt), x, xflat, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT))]
+        return [(_matvec, (int(vt), x, xflat, int(wtype), ne10, w, yq, rs, bsz, dst))]
+    if nrows_x == 1 and not parallel:
+        return [(_run_rows, (int(wtype), ne10, w, yq, rs, dst))]
     if done:
         steps = []
     elif parallel:
