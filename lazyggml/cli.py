@@ -323,7 +323,7 @@ def build_parser():
         sp.add_argument("-c", "--ctx-size", type=_number(int, 1), default=None,
                         help="context length in tokens (default and maximum: the model's training context)")
         sp.add_argument("-ub", "--ubatch-size", type=_number(int, 1), default=None,
-                        help="prompt tokens per micro-batch (default 64 on the CPU, 512 when all layers are on a GPU)")
+                        help="prompt tokens per micro-batch (default 128 on the CPU, 512 when all layers are on a GPU)")
         sp.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"), default="auto",
                         help="fused attention (FLASH_ATTN_EXT); auto: on when every layer's backend runs it")
         sp.add_argument("--no-mmap", action="store_true",
