@@ -28,7 +28,7 @@ request, so the two engines' runs alternate (lazyggml, llama.cpp, lazyggml, ...)
 hits both alike, and each process's memory is its engine's alone:
 
 * lazyggml: ``lg.load_model(path, n_ctx=..., n_threads=..., flash_attn=...)``, ``model.eval(ids, logits_all=False)``
-  (prefill goes in micro-batches of ``lazyggml.models.llama.N_BATCH`` tokens), ``model.reset()``,
+  (prefill goes in micro-batches of ``lazyggml.models.runner.N_BATCH`` tokens), ``model.reset()``,
   in this interpreter;
 * llama.cpp: ``llama_cpp.Llama(path, n_ctx=..., n_threads=..., n_threads_batch=..., n_batch=128,
   logits_all=False, flash_attn=..., verbose=False)`` (llama-cpp-python, optional), ``llm.eval(ids)``,
@@ -75,7 +75,7 @@ sys.path.insert(0, ROOT)
 import lazyggml as lg  # noqa: E402
 from run_info import cpu_model, git_commit, sched_policy  # noqa: E402
 from lazyggml.gguf_io import read_gguf  # noqa: E402
-from lazyggml.models.hparams import LlamaHParams  # noqa: E402
+from lazyggml.models.hparams import HParams  # noqa: E402
 
 N_CTX = 512
 N_WARMUP_DECODE = 8
@@ -219,7 +219,7 @@ class Load:
 
 def model_params(path):
     f = read_gguf(path)
-    hp = LlamaHParams.from_metadata(f.metadata, str(path))
+    hp = HParams.from_metadata(f.metadata, str(path))
     n = sum(int(np.prod(t.ne)) for t in f.tensors.values())
     return hp, n
 

@@ -36,11 +36,11 @@ from .alloc import (Gallocr, Tallocr, DynTallocr, alloc_ctx_tensors, alloc_ctx_t
                     alloc_ctx_tensors_from_buft_size)
 from .sched import Scheduler
 from .gguf_io import GGUFFile, TensorInfo, read_gguf
-from .models.hparams import LlamaHParams, check_llama_tensors
+from .models.hparams import HParams, check_tensors
 from .tokenizer import Tokenizer
 from .sampling import Sampler
 from . import testing
-from .models.llama import load_model
+from .models.runner import load_model
 
 F32, F16, BF16, F64 = Type.F32, Type.F16, Type.BF16, Type.F64
 I8, I16, I32, I64 = Type.I8, Type.I16, Type.I32, Type.I64

@@ -14,6 +14,7 @@ import sys
 import time
 
 from . import __version__
+from .models.archs import ARCHITECTURES
 
 _T0 = time.perf_counter()  # process start, near enough: the CLI module is imported first
 
@@ -182,7 +183,7 @@ def _generate(args, path=None):
 
 def _run(args, path, watch, notice):
     """Load, generate and print, as ``_generate`` describes; ``watch`` counts the compiles."""
-    from .models.llama import load_model
+    from .models.runner import load_model
     from .sampling import Sampler
     model = load_model(path, n_gpu_layers=args.n_gpu_layers, device=args.device, n_ctx=args.ctx_size,
                        n_threads=args.threads, progress=sys.stderr.isatty(), tensor_split=args.tensor_split,
@@ -342,7 +343,7 @@ def build_parser():
     sampling_args(d, "And God said", 48)
     d.set_defaults(fn=_demo)
     gen = sub.add_parser("generate", help="generate text with a GGUF model")
-    gen.add_argument("model", help="path of a GGUF file (a LLaMA-family model)")
+    gen.add_argument("model", help=f"path of a GGUF file whose architecture is one of {', '.join(ARCHITECTURES)}")
     sampling_args(gen, "Once upon a time", 64)
     gen.set_defaults(fn=_generate)
     gd = sub.add_parser("graph-demo", help="build and compute a small graph, compared with NumPy")

@@ -1,9 +1,10 @@
-"""Test fixtures: a tiny random-weight llama GGUF file that llama.cpp itself can load, and stand-in
-GPU devices (``StandInDevice``) for multi-device code on machines without GPUs.
+"""Test fixtures: tiny random-weight GGUF files that llama.cpp itself can load, and stand-in GPU
+devices (``StandInDevice``) for multi-device code on machines without GPUs.
 
-``make_tiny_llama(path)`` writes, with ``gguf.GGUFWriter``:
+``make_tiny_model(path, arch=...)`` (``make_tiny_llama(path)`` for LLaMA) writes, with ``gguf.GGUFWriter``:
 
-* every metadata key llama.cpp's loader requires for ``general.architecture = "llama"``;
+* every metadata key llama.cpp's loader requires for that ``general.architecture``, and the tensors
+  its loader creates (``models.archs``);
 * a vocabulary, either SentencePiece-style (``vocab="llama"``: ``<unk>``, ``<s>``, ``</s>``, the byte
   tokens ``<0x00>`` ..., pieces with scores) or GPT-2 byte-level BPE (``vocab="gpt2"``: the byte
   alphabet, merges, ``<|begin_of_text|>`` and ``<|end_of_text|>``). The pieces and merges are learnt
@@ -19,7 +20,8 @@ GPU devices (``StandInDevice``) for multi-device code on machines without GPUs.
 About ``attn_q`` and ``attn_k``: llama.cpp's converter permutes the rows of Hugging Face's Q and K
 weights, because HF rotates the two halves of each head while GGML's llama RoPE (``LLAMA_ROPE_TYPE_NORM``)
 rotates adjacent pairs. Random weights have no layout to preserve, so nothing is permuted here; a
-file built from real HF weights would need that permutation.
+file built from real HF weights would need that permutation (not for Qwen, whose NEOX RoPE rotates
+the halves as HF does).
 """
 from __future__ import annotations
 
@@ -34,10 +36,12 @@ from . import quants
 from .buffer import BufferType, Status
 from .backend import DeviceType
 from .backends.cpu import CPUBackend, CPUDevice
+from .models.archs import get_arch
+from .models.hparams import HParams
 from .tokenizer import BYTE_TO_UNICODE, SPIECE_UNDERLINE, TokenType, byte_encode, pre_tokenize
 from .types import QK_K, Type, as_type, blck_size, type_name
 
-__all__ = ["make_tiny_llama", "q4_k_m_type", "LLAMA_FTYPE_MOSTLY_Q4_K_M", "StandInBufferType",
+__all__ = ["make_tiny_model", "make_tiny_llama", "q4_k_m_type", "LLAMA_FTYPE_MOSTLY_Q4_K_M", "StandInBufferType",
            "StandInDevice", "StandInEvent", "DeferredBackend"]
 
 LLAMA_FTYPE_MOSTLY_Q4_K_M = 15
@@ -168,26 +172,14 @@ def _pad_unused(tokens, types, scores, n):
             scores.append(-1e9)
 
 
-def _tensor_shapes(n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, tie_output):
-    """name -> ne (GGML order) of the llama tensors, in llama.cpp's order."""
-    head = n_embd // n_head
-    shapes = {"token_embd.weight": (n_embd, n_vocab), "output_norm.weight": (n_embd,)}
+def _tensor_shapes(hp, tie_output):
+    """name -> ne (GGML order) of the model's tensors, as its architecture's loader expects them
+    (``archs.py``; rope_freqs and LLaMA's optional biases left out), in llama.cpp's order."""
+    required, optional = get_arch(hp.arch).tensors(hp)
+    globals_ = {n: ne for n, ne in required.items() if not n.startswith("blk.")}
     if not tie_output:
-        shapes["output.weight"] = (n_embd, n_vocab)
-    for i in range(n_layer):
-        b = f"blk.{i}."
-        shapes.update({
-            b + "attn_norm.weight": (n_embd,),
-            b + "attn_q.weight": (n_embd, n_embd),
-            b + "attn_k.weight": (n_embd, head * n_head_kv),
-            b + "attn_v.weight": (n_embd, head * n_head_kv),
-            b + "attn_output.weight": (n_embd, n_embd),
-            b + "ffn_norm.weight": (n_embd,),
-            b + "ffn_gate.weight": (n_embd, n_ff),
-            b + "ffn_up.weight": (n_embd, n_ff),
-            b + "ffn_down.weight": (n_ff, n_embd),
-        })
-    return shapes
+        globals_["output.weight"] = optional["output.weight"]
+    return {**globals_, **{n: ne for n, ne in required.items() if n.startswith("blk.")}}
 
 
 def _resolve_type(name, ne, types, n_layer, tie_output) -> Type:
@@ -203,34 +195,50 @@ def _resolve_type(name, ne, types, n_layer, tie_output) -> Type:
     return q4_k_m_type(name, ne, n_layer, tie_output)
 
 
-def make_tiny_llama(path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=256,
-                    n_ctx=128, types=None, seed=0, vocab="llama", tokenizer_pre="llama-bpe",
+def make_tiny_model(path, *, arch="llama", n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=256,
+                    n_ctx=128, head_dim=None, types=None, seed=0, vocab=None, tokenizer_pre=None,
                     tie_output=False, rms_eps=1e-5, rope_freq_base=10000.0, distinct_rows=None):
-    """Write a random-weight llama GGUF file to ``path`` and return ``path``.
+    """Write a random-weight GGUF file of architecture ``arch`` (``"llama"``, ``"qwen2"``,
+    ``"qwen3"``: ``models.archs``) to ``path`` and return ``path``.
 
-    ``types``: tensor-name pattern (``fnmatch``, e.g. ``"blk.*.ffn_*"`` or ``"*"``) -> GGML type
-    (``Type``, id or name such as ``"q8_0"``); the first matching pattern wins and unmatched tensors get
-    their Q4_K_M type (module docstring). ``vocab``: ``"llama"`` (SentencePiece) or ``"gpt2"``
-    (byte-level BPE with ``tokenizer.ggml.pre = tokenizer_pre``, e.g. ``"llama-bpe"`` or
-    ``"default"``). ``tie_output``: leave out ``output.weight`` (the output projection is then
-    ``token_embd.weight``, which gets the output's type). ``distinct_rows``: draw and quantize only
-    that many rows of each matrix and repeat them (speed benchmarks of 8B shapes: the file is written
-    in seconds instead of minutes; kernels read every byte either way). The same arguments give the
+    ``head_dim``: the size of an attention head (default ``n_embd / n_head``; another value is
+    written as ``attention.key_length``/``value_length``, as Qwen3's files have it). ``types``:
+    tensor-name pattern (``fnmatch``, e.g. ``"blk.*.ffn_*"`` or ``"*"``) -> GGML type (``Type``, id
+    or name such as ``"q8_0"``); the first matching pattern wins and unmatched tensors get their
+    Q4_K_M type (module docstring). ``vocab``: ``"llama"`` (SentencePiece; LLaMA's default) or
+    ``"gpt2"`` (byte-level BPE with ``tokenizer.ggml.pre = tokenizer_pre``, e.g. ``"llama-bpe"``,
+    ``"qwen2"`` (Qwen's default) or ``"default"``). ``tie_output``: leave out ``output.weight``
+    (the output projection is then ``token_embd.weight``, which gets the output's type).
+    ``distinct_rows``: draw and quantize only that many rows of each matrix and repeat them (speed
+    benchmarks of 8B shapes: the file is written in seconds instead of minutes; kernels read every
+    byte either way). Norm weights scatter around 1, biases around 0. The same arguments give the
     same bytes.
     """
-    if n_embd % n_head or n_head % n_head_kv or (n_embd // n_head) % 2:
-        raise ValueError(f"n_embd={n_embd}, n_head={n_head}, n_head_kv={n_head_kv}: need n_embd divisible "
-                         f"by n_head into an even head size, and n_head divisible by n_head_kv")
+    get_arch(arch)
+    vocab = vocab or ("llama" if arch == "llama" else "gpt2")
+    tokenizer_pre = tokenizer_pre or ("llama-bpe" if arch == "llama" else "qwen2")
+    head = head_dim or n_embd // n_head
+    if (head_dim is None and n_embd % n_head) or n_head % n_head_kv or head % 2:
+        raise ValueError(f"n_embd={n_embd}, n_head={n_head}, n_head_kv={n_head_kv}, head_dim={head_dim}: need "
+                         f"an even head size (n_embd divisible by n_head without head_dim), and n_head "
+                         f"divisible by n_head_kv")
+    hp = HParams(arch=arch, n_vocab=n_vocab, n_ctx_train=n_ctx, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff,
+                 n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=head, n_embd_head_v=head, n_rot=head,
+                 f_norm_rms_eps=rms_eps, rope_freq_base=rope_freq_base, rope_scaling_type="linear",
+                 rope_freq_scale=1.0, n_ctx_orig_yarn=n_ctx)
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("lazyggml tiny llama")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"lazyggml tiny {arch}")
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
-    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_rope_dimension_count(head)
+    if head_dim is not None:
+        w.add_key_length(head)
+        w.add_value_length(head)
     w.add_rope_freq_base(rope_freq_base)
     w.add_layer_norm_rms_eps(rms_eps)
     w.add_vocab_size(n_vocab)
@@ -261,10 +269,12 @@ def make_tiny_llama(path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=1
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
 
-    for name, ne in _tensor_shapes(n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, tie_output).items():
+    for name, ne in _tensor_shapes(hp, tie_output).items():
         t = _resolve_type(name, ne, types, n_layer, tie_output)
         shape = tuple(reversed(ne))  # NumPy order
-        if len(ne) == 1:  # norm weights scatter around 1
+        if name.endswith(".bias"):
+            x = 0.5 * rng.standard_normal(shape, dtype=np.float32)
+        elif len(ne) == 1:  # norm weights scatter around 1
             x = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
         else:             # y = W x keeps unit scale with W ~ N(0, 1/ne0)
             rows = math.prod(ne[1:])
@@ -280,6 +290,11 @@ def make_tiny_llama(path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=1
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def make_tiny_llama(path, **kw):
+    """``make_tiny_model(path, arch="llama", ...)``."""
+    return make_tiny_model(path, arch="llama", **kw)
 
 
 # -- stand-in devices: multi-device code paths on a machine without GPUs ----------------------------

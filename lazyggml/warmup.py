@@ -149,7 +149,7 @@ for _t in ALL_TYPES[1:]:
 def _run_model(backend):
     from .backends.cpu import CPUBackend
     from .models import default_model_path
-    from .models.llama import load_model
+    from .models.runner import load_model
     path = default_model_path()
     with tempfile.TemporaryDirectory() as tmp:
         if not path.exists():

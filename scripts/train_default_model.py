@@ -91,7 +91,7 @@ sys.path.insert(0, str(ROOT))
 
 from lazyggml import quants  # noqa: E402
 from lazyggml.gguf_io import read_gguf  # noqa: E402
-from lazyggml.models.hparams import LlamaHParams, check_llama_tensors  # noqa: E402
+from lazyggml.models.hparams import HParams, check_tensors  # noqa: E402
 from lazyggml.testing import LLAMA_FTYPE_MOSTLY_Q4_K_M, _byte_values, _pad_unused, _train_bpe, q4_k_m_type
 from lazyggml.tokenizer import SPIECE_UNDERLINE, Tokenizer, TokenType  # noqa: E402
 from lazyggml.types import Type  # noqa: E402
@@ -429,8 +429,8 @@ def load_dequantized(model, path: Path, c: dict):
     """Read the GGUF back with lazyggml, dequantize every tensor, load it into ``model``."""
     import torch
     gf = read_gguf(path)
-    hp = LlamaHParams.from_metadata(gf.metadata, path)
-    infos = check_llama_tensors(hp, gf.tensors, path)
+    hp = HParams.from_metadata(gf.metadata, path)
+    infos = check_tensors(hp, gf.tensors, path)
     sd = {}
     for name, info in infos.items():
         x = quants.dequantize(info.type, gf.tensor_data(name), info.ne[0])

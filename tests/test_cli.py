@@ -144,8 +144,8 @@ def test_a_first_run_says_kernels_compile_and_leaves_compile_time_out_of_the_spe
     in the prefill and at the first decode step; a warm run says nothing of compiling."""
     import time
     from lazyggml.compiling import compiling
-    from lazyggml.models.llama import LlamaModel
-    orig_eval = LlamaModel.eval
+    from lazyggml.models.runner import Model
+    orig_eval = Model.eval
     calls = []
 
     def slow_first_evals(self, tokens, logits_all=True):
@@ -155,7 +155,7 @@ def test_a_first_run_says_kernels_compile_and_leaves_compile_time_out_of_the_spe
                 time.sleep(0.5)
         return orig_eval(self, tokens, logits_all)
 
-    monkeypatch.setattr(LlamaModel, "eval", slow_first_evals)
+    monkeypatch.setattr(Model, "eval", slow_first_evals)
     assert main(["demo", "-n", "4", "--seed", "1"]) == 0
     out, err = capsys.readouterr()
     assert calls[0] == 1 and calls[1] > 1            # one decode step before the prompt
@@ -167,7 +167,7 @@ def test_a_first_run_says_kernels_compile_and_leaves_compile_time_out_of_the_spe
     assert "not counted" not in re.search(r"^decode: .*$", out, re.M).group(0)
 
     calls.clear()
-    monkeypatch.setattr(LlamaModel, "eval", orig_eval)
+    monkeypatch.setattr(Model, "eval", orig_eval)
     assert main(["demo", "-n", "4", "--seed", "1"]) == 0
     out, err = capsys.readouterr()
     assert "compiling" not in err and "compiling" not in out

@@ -267,16 +267,18 @@ for k in kernels:
         return len(cuda.gpus) if HAVE_GPU else 0
 
     @gpu
-    def test_gpu_model_with_flash_attention_gives_the_cpu_logits(tmp_path):
+    @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+    def test_gpu_model_with_flash_attention_gives_the_cpu_logits(tmp_path, arch):
         """Every layer on CUDA0 with flash attention (on by default; decode replayed from a CUDA graph
         with its inputs uploaded asynchronously) against the unfused attention on the GPU (the same
         products; 8-bit activations turn last-bit differences into 1e-5) and on the CPU: prompt
-        micro-batches, then decode steps past a KV_PAD boundary."""
+        micro-batches, then decode steps past a KV_PAD boundary. Each family's graph (Qwen2's
+        biases, Qwen3's per-head norms and wider heads, NEOX RoPE)."""
         import lazyggml as lg
-        from lazyggml.testing import make_tiny_llama
+        from lazyggml.testing import make_tiny_model
         path = str(tmp_path / "m.gguf")
-        make_tiny_llama(path, n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=300,
-                        n_ctx=512, seed=5)
+        make_tiny_model(path, arch=arch, n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=300,
+                        n_ctx=512, seed=5, head_dim=128 if arch == "qwen3" else None)
         toks = np.random.default_rng(6).integers(0, 300, 280).tolist()
         out = {}
         for ngl, fa in ((0, None), (99, False), (99, None)):

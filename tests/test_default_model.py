@@ -1,7 +1,7 @@
 """The embedded default model (lazyggml/data/default.gguf) and its training text.
 
 The file checks need nothing but the GGUF reader; the perplexity checks run the model through
-``lazyggml.models.llama.load_model`` and compare with the figure that scripts/train_default_model.py
+``lazyggml.models.runner.load_model`` and compare with the figure that scripts/train_default_model.py
 computed in PyTorch for the same (dequantized) weights, stored in default.json, under the protocol
 stored there too: within 2%.
 """
@@ -17,7 +17,7 @@ import pytest
 
 import lazyggml
 from lazyggml.gguf_io import read_gguf
-from lazyggml.models.hparams import LlamaHParams, check_llama_tensors
+from lazyggml.models.hparams import HParams, check_tensors
 from lazyggml.testing import q4_k_m_type
 from lazyggml.tokenizer import Tokenizer
 from lazyggml.types import Type
@@ -79,21 +79,21 @@ def test_metadata_and_shapes(gf, figures):
     assert meta["general.architecture"] == "llama"
     assert meta["general.name"] == "lazyggml-default"
     assert meta["general.file_type"] == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
-    hp = LlamaHParams.from_metadata(meta, GGUF)
+    hp = HParams.from_metadata(meta, GGUF)
     c = figures["config"]
     assert (hp.n_vocab, hp.n_ctx_train, hp.n_embd, hp.n_layer, hp.n_ff, hp.n_head, hp.n_head_kv) == \
         (c["n_vocab"], c["n_ctx"], c["n_embd"], c["n_layer"], c["n_ff"], c["n_head"], c["n_head_kv"])
     assert hp.n_rot == hp.n_embd // hp.n_head
     assert hp.f_norm_rms_eps == pytest.approx(c["rms_eps"])
     assert hp.rope_freq_base == c["rope_freq_base"]
-    found = check_llama_tensors(hp, gf.tensors, GGUF)
+    found = check_tensors(hp, gf.tensors, GGUF)
     assert "output.weight" in gf.tensors  # untied output
     assert set(found) == set(gf.tensors)
     assert sum(math.prod(i.ne) for i in gf.tensors.values()) == figures["n_params"]
 
 
 def test_q4_k_m_types(gf):
-    hp = LlamaHParams.from_metadata(gf.metadata, GGUF)
+    hp = HParams.from_metadata(gf.metadata, GGUF)
     for name, info in gf.tensors.items():
         assert info.type == q4_k_m_type(name, info.ne, hp.n_layer), name
     types = {info.type for info in gf.tensors.values()}
@@ -177,7 +177,7 @@ def _gpu_class_device():
 @pytest.mark.parametrize("n_gpu_layers", [0, 2, 99])
 def test_perplexity_first_windows(n_gpu_layers, figures, eval_text):
     """The quick check (first 8 windows), CPU only and with layers offloaded (OpenCL)."""
-    from lazyggml.models.llama import load_model
+    from lazyggml.models.runner import load_model
     if n_gpu_layers and not _gpu_class_device():
         pytest.skip("no GPU-class device to offload to")
     n_ctx = figures["config"]["n_ctx"]
@@ -189,7 +189,7 @@ def test_perplexity_first_windows(n_gpu_layers, figures, eval_text):
 
 def test_perplexity_held_out(figures, eval_text):
     """The issue's check: the whole held-out text on the CPU, within 2% of PyTorch's figure."""
-    from lazyggml.models.llama import load_model
+    from lazyggml.models.runner import load_model
     n_ctx = figures["config"]["n_ctx"]
     model = load_model(GGUF, n_ctx=n_ctx)
     windows = _windows(model.tokenizer, eval_text, n_ctx)

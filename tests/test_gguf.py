@@ -12,8 +12,8 @@ from gguf import GGUFValueType as VT
 
 from lazyggml import quants
 from lazyggml.gguf_io import GGUFError, TensorInfo, read_gguf
-from lazyggml.models.hparams import LlamaHParams, check_llama_tensors, llama_tensor_shapes
-from lazyggml.testing import make_tiny_llama, q4_k_m_type
+from lazyggml.models.hparams import HParams, check_tensors, tensor_shapes
+from lazyggml.testing import make_tiny_llama, make_tiny_model, q4_k_m_type
 from lazyggml.tokenizer import Tokenizer
 from lazyggml.types import Type
 
@@ -163,13 +163,13 @@ def test_types_patterns(tmp_path):
 # --- llama hyper-parameters and tensors -------------------------------------------------------------
 
 def test_hparams(tiny):
-    hp = LlamaHParams.from_metadata(tiny.metadata, tiny.path)
+    hp = HParams.from_metadata(tiny.metadata, tiny.path)
     assert (hp.n_vocab, hp.n_ctx_train, hp.n_embd, hp.n_layer, hp.n_ff) == (256, 128, 64, 2, 128)
     assert (hp.n_head, hp.n_head_kv, hp.n_gqa, hp.n_embd_head_k, hp.n_rot) == (4, 2, 2, 16, 16)
     assert (hp.n_embd_k_gqa, hp.n_embd_v_gqa) == (32, 32)
     assert hp.rope_freq_base == 10000.0 and hp.rope_scaling_type == "linear" and hp.rope_freq_scale == 1.0
     assert hp.n_ctx_orig_yarn == 128 and hp.f_norm_rms_eps == pytest.approx(1e-5)
-    found = check_llama_tensors(hp, tiny.tensors, tiny.path)
+    found = check_tensors(hp, tiny.tensors, tiny.path)
     assert found.keys() == set(tiny.tensors) and found["output.weight"].name == "output.weight"
 
 
@@ -179,17 +179,18 @@ def test_hparams_optional_keys(tiny):
     m.update({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
               "llama.rope.scaling.original_context_length": 64, "llama.rope.freq_base": 5e5,
               "llama.attention.head_count": [4, 4]})
-    hp = LlamaHParams.from_metadata(m)
+    hp = HParams.from_metadata(m)
     assert hp.n_head_kv == 4 and hp.n_rot == 16 and hp.n_vocab == 256
     assert (hp.rope_scaling_type, hp.rope_freq_scale, hp.n_ctx_orig_yarn, hp.rope_freq_base) == \
         ("yarn", 0.25, 64, 5e5)
     del m["llama.rope.scaling.factor"]
     m["llama.rope.scale_linear"] = 2.0  # the old key name
-    assert LlamaHParams.from_metadata(m).rope_freq_scale == 0.5
+    assert HParams.from_metadata(m).rope_freq_scale == 0.5
 
 
 @pytest.mark.parametrize("change, field, message", [
-    ({"general.architecture": "gpt2"}, "general.architecture", "unsupported architecture"),
+    ({"general.architecture": "gpt2"}, "general.architecture",
+     "unsupported architecture 'gpt2'; lazyggml runs llama, qwen2, qwen3"),
     ({"llama.block_count": None}, "llama.block_count", "required key is missing"),
     ({"llama.block_count": "2"}, "llama.block_count", "expected a int"),
     ({"llama.block_count": 0}, "llama.block_count", "out of range"),
@@ -214,33 +215,53 @@ def test_hparams_errors(tiny, change, field, message):
         else:
             m[k] = v
     with pytest.raises(GGUFError, match=message) as e:
-        LlamaHParams.from_metadata(m, "model.gguf")
+        HParams.from_metadata(m, "model.gguf")
     assert e.value.field.endswith(field) and e.value.path == "model.gguf"
     assert str(e.value).startswith("model.gguf: ")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_family_tensors_are_checked(tmp_path, arch):
+    """A family's own tensors are required (Qwen2's Q/K/V biases, Qwen3's per-head norms) and another
+    family's are refused, each error naming the tensor."""
+    path = make_tiny_model(tmp_path / "m.gguf", arch=arch, n_layer=2, n_embd=64, n_head=4, n_head_kv=2,
+                           n_ff=128, n_vocab=300, head_dim=32 if arch == "qwen3" else None)
+    f = read_gguf(path)
+    hp = HParams.from_metadata(f.metadata, f.path)
+    assert hp.arch == arch and (hp.n_embd_head_k, hp.n_rot) == ((32, 32) if arch == "qwen3" else (16, 16))
+    found = check_tensors(hp, f.tensors, f.path)
+    assert found["output.weight"] is f.tensors["output.weight"]
+    own = "blk.1.attn_k.bias" if arch == "qwen2" else "blk.1.attn_k_norm.weight"
+    with pytest.raises(GGUFError, match="required tensor is missing") as e:
+        check_tensors(hp, {n: t for n, t in f.tensors.items() if n != own})
+    assert e.value.field == f"tensor '{own}'"
+    other = "blk.0.attn_q_norm.weight" if arch == "qwen2" else "blk.0.attn_q.bias"
+    with pytest.raises(GGUFError, match=f"unexpected tensor for a 2-layer {arch} model"):
+        check_tensors(hp, {**f.tensors, other: _info(other, (16,))})
 
 
 def _info(name, ne, t=Type.F32):
     return TensorInfo(name, t, tuple(ne), 0, 0)
 
 
-def test_check_llama_tensors_contradictions(tiny):
-    hp = LlamaHParams.from_metadata(tiny.metadata)
+def test_check_tensors_contradictions(tiny):
+    hp = HParams.from_metadata(tiny.metadata)
     # metadata that contradicts the file: a wider feed-forward
-    wider = LlamaHParams.from_metadata({**tiny.metadata, "llama.feed_forward_length": 256})
+    wider = HParams.from_metadata({**tiny.metadata, "llama.feed_forward_length": 256})
     with pytest.raises(GGUFError, match=r"blk.0.ffn_gate.weight.*has shape \[64, 128\].*\[64, 256\]"):
-        check_llama_tensors(wider, tiny.tensors, tiny.path)
-    required, optional = llama_tensor_shapes(hp)
+        check_tensors(wider, tiny.tensors, tiny.path)
+    required, optional = tensor_shapes(hp)
     good = {n: _info(n, ne) for n, ne in required.items()}
-    found = check_llama_tensors(hp, good)
+    found = check_tensors(hp, good)
     assert found["output.weight"].name == "token_embd.weight"  # tied output
     with pytest.raises(GGUFError, match="required tensor is missing"):
-        check_llama_tensors(hp, {n: t for n, t in good.items() if n != "blk.1.attn_v.weight"})
+        check_tensors(hp, {n: t for n, t in good.items() if n != "blk.1.attn_v.weight"})
     with pytest.raises(GGUFError, match="unexpected tensor"):
-        check_llama_tensors(hp, {**good, "blk.2.attn_q.weight": _info("blk.2.attn_q.weight", (64, 64))})
+        check_tensors(hp, {**good, "blk.2.attn_q.weight": _info("blk.2.attn_q.weight", (64, 64))})
     with pytest.raises(GGUFError, match="cannot hold a weight"):
-        check_llama_tensors(hp, {**good, "output.weight": _info("output.weight", (64, 256), Type.I32)})
+        check_tensors(hp, {**good, "output.weight": _info("output.weight", (64, 256), Type.I32)})
     rope = {**good, "rope_freqs.weight": _info("rope_freqs.weight", (hp.n_rot // 2,))}
-    assert "rope_freqs.weight" in check_llama_tensors(hp, rope)
+    assert "rope_freqs.weight" in check_tensors(hp, rope)
 
 
 # --- targeted malformed files -------------------------------------------------------------------
@@ -321,8 +342,8 @@ def _load_everything(path):
     f = read_gguf(path)
     for name, info in f.tensors.items():
         assert f.tensor_data(name).size == info.nbytes
-    hp = LlamaHParams.from_metadata(f.metadata, f.path)
-    check_llama_tensors(hp, f.tensors, f.path)
+    hp = HParams.from_metadata(f.metadata, f.path)
+    check_tensors(hp, f.tensors, f.path)
     tok = Tokenizer(f.metadata, f.path)
     ids = tok.tokenize("Hello wörld, 世界 😀\n", parse_special=True)
     tok.detokenize(ids, unparse_special=True)

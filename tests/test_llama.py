@@ -1,7 +1,8 @@
-"""The LLaMA runner end to end: logits of random tiny models against a float64 NumPy forward pass of
+"""The runner end to end: logits of random tiny models against a float64 NumPy forward pass of
 the dequantized weights (NMSE within ``TOLERANCE``: see there why not 5e-4), on the CPU and with
-every split of the layers over the OpenCL device and the CPU, and over two stand-in GPUs; the KV
-cache; bad input."""
+every split of the layers over the OpenCL device and the CPU, and over two stand-in GPUs; the other
+families' graphs (Qwen2's biases, Qwen3's per-head norms, NEOX RoPE) the same way; the KV cache;
+bad input."""
 import math
 import os
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 import lazyggml as lg
-from lazyggml.testing import make_tiny_llama
+from lazyggml.testing import make_tiny_llama, make_tiny_model
 
 SEED = np.random.SeedSequence().entropy % 2**32
 
@@ -20,8 +21,8 @@ def _nmse(a, b):
 
 def _weights(path):
     f = lg.read_gguf(path)
-    hp = lg.LlamaHParams.from_metadata(f.metadata, path)
-    infos = lg.check_llama_tensors(hp, f.tensors, path)
+    hp = lg.HParams.from_metadata(f.metadata, path)
+    infos = lg.check_tensors(hp, f.tensors, path)
     w = {}
     for name, info in infos.items():
         rows = lg.dequantize(info.type, f.mmap[info.offset:info.offset + info.nbytes], info.ne[0])
@@ -33,22 +34,32 @@ def _rms(x, g, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
 
 
-def _rope(x, pos, n_rot, base):
-    """GGML's normal mode: rotate adjacent pairs (x[2i], x[2i+1]) by pos * base^(-2i/n_rot)."""
+def _rope(x, pos, n_rot, base, neox=False):
+    """GGML's normal mode: rotate adjacent pairs (x[2i], x[2i+1]) by pos * base^(-2i/n_rot); NEOX
+    mode: the pairs (x[i], x[i + n_rot/2])."""
     theta = pos[:, None] * base ** (-np.arange(0, n_rot, 2) / n_rot)        # (n_tokens, n_rot/2)
     c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    x0, x1 = x[..., 0:n_rot:2].copy(), x[..., 1:n_rot:2].copy()
+    i0, i1 = (slice(0, n_rot // 2), slice(n_rot // 2, n_rot)) if neox else \
+        (slice(0, n_rot, 2), slice(1, n_rot, 2))
+    x0, x1 = x[..., i0].copy(), x[..., i1].copy()
     out = x.copy()
-    out[..., 0:n_rot:2] = x0 * c - x1 * s
-    out[..., 1:n_rot:2] = x0 * s + x1 * c
+    out[..., i0] = x0 * c - x1 * s
+    out[..., i1] = x0 * s + x1 * c
     return out
 
 
 def reference_logits(hp, w, tokens):
-    """A float64 llama forward pass over ``tokens`` from position 0, keys and values rounded to F16
-    as the model's KV cache holds them."""
+    """A float64 forward pass of the LLaMA graph over ``tokens`` from position 0, keys and values
+    rounded to F16 as the model's KV cache holds them; with the biases and per-head Q/K norms that
+    ``w`` has, and NEOX RoPE for the Qwen families."""
     def mm(x, name):
-        return x @ w[name].T
+        return x @ w[name].T + w.get(name.replace(".weight", ".bias"), 0.0)
+
+    def rope(x):
+        return _rope(x, pos, hp.n_rot, hp.rope_freq_base, neox=hp.arch != "llama")
+
+    def head_norm(x, name):
+        return _rms(x, w[name], hp.f_norm_rms_eps) if name in w else x
 
     n = len(tokens)
     pos = np.arange(n, dtype=np.float64)
@@ -58,8 +69,8 @@ def reference_logits(hp, w, tokens):
     for il in range(hp.n_layer):
         b = f"blk.{il}."
         h = _rms(x, w[b + "attn_norm.weight"], hp.f_norm_rms_eps)
-        q = _rope((mm(h, b + "attn_q.weight")).reshape(n, nh, hd), pos, hp.n_rot, hp.rope_freq_base)
-        k = _rope((mm(h, b + "attn_k.weight")).reshape(n, nkv, hd), pos, hp.n_rot, hp.rope_freq_base)
+        q = rope(head_norm(mm(h, b + "attn_q.weight").reshape(n, nh, hd), b + "attn_q_norm.weight"))
+        k = rope(head_norm(mm(h, b + "attn_k.weight").reshape(n, nkv, hd), b + "attn_k_norm.weight"))
         v = (mm(h, b + "attn_v.weight")).reshape(n, nkv, hd)
         k, v = (np.repeat(t.astype(np.float16).astype(np.float64), nh // nkv, axis=1)  # F16 KV cache
                 for t in (k, v))
@@ -216,6 +227,35 @@ def test_logits_with_layers_on_opencl(tiny, n_gpu_layers):
     assert _nmse(got, reference_logits(hp, w, toks)) < tol, f"seed {SEED}, ngl {n_gpu_layers}"
 
 
+@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+def family(request, tmp_path_factory):
+    """A random 3-layer model of another family, F16 weights (norms and biases F32): Qwen2 with its
+    output tied to the embeddings, Qwen3 with heads wider than n_embd / n_head."""
+    kw = {"qwen2": dict(tie_output=True), "qwen3": dict(head_dim=128)}[request.param]
+    path = str(tmp_path_factory.mktemp("family") / f"{request.param}.gguf")
+    make_tiny_model(path, arch=request.param, n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                    n_vocab=512, n_ctx=128, types={"*norm*": lg.F32, "*.bias": lg.F32, "*.weight": lg.F16},
+                    seed=SEED, **kw)
+    hp, w = _weights(path)
+    return path, hp, w, TOLERANCE["f16"]
+
+
+@pytest.mark.parametrize("where", ["cpu", "cpu-unfused", "opencl-1", "opencl-all"])
+def test_family_logits_match_float64_reference(family, where):
+    """Each family's graph on the CPU (with and without flash attention) and with one or every layer
+    on OpenCL, through a prefill and decode steps."""
+    path, hp, w, tol = family
+    kw = {"cpu": {}, "cpu-unfused": dict(flash_attn=False),
+          "opencl-1": dict(n_gpu_layers=1, device="OpenCL0"), "opencl-all": dict(n_gpu_layers=99, device="OpenCL0")}[where]
+    if "device" in kw:
+        _opencl_device()
+    model = lg.load_model(path, **kw)
+    assert model.arch.name == hp.arch
+    toks = _tokens(14, hp.n_vocab, SEED + 5)
+    got = np.concatenate([model.eval(toks[:9])] + [model.eval([t]) for t in toks[9:]])
+    assert _nmse(got, reference_logits(hp, w, toks)) < tol, f"{hp.arch} {where}, seed {SEED}"
+
+
 def test_kv_cache_continues_a_sequence(tiny):
     """Prefill then token-by-token decode gives the logits of one long prefill, within the model
     type's tolerance. Not bit for bit: decode steps attend over a window padded to KV_PAD (256)
@@ -241,7 +281,7 @@ def test_decode_graphs_are_kept_per_kv_window(tmp_path, monkeypatch):
     """A decode step reuses the graph of its KV window (256 cells each) after a prompt, a reset and
     other windows in between: nothing is rebuilt. At most DECODE_GRAPHS are kept; a fifth window
     takes the least recently used one's scheduler. The logits are a fresh model's."""
-    from lazyggml.models import llama
+    from lazyggml.models import runner
     path = str(tmp_path / "m.gguf")
     make_tiny_llama(path, n_layer=1, n_embd=256, n_head=4, n_head_kv=4, n_ff=512, n_vocab=300,
                     n_ctx=1280, seed=SEED)
@@ -267,7 +307,7 @@ def test_decode_graphs_are_kept_per_kv_window(tmp_path, monkeypatch):
     assert not [k for k in built if k[0] == 1]               # window 256's graph, kept
     assert np.array_equal(again, first)
     decode_at(1050)                                          # a fifth window: 512's scheduler goes
-    assert len(model._decode) == llama.DECODE_GRAPHS and (1, 512, True) not in model._decode
+    assert len(model._decode) == runner.DECODE_GRAPHS and (1, 512, True) not in model._decode
     fresh = lg.load_model(path)
     for depth in (600, 1050):
         fresh.reset()
@@ -279,12 +319,12 @@ def test_prompt_graphs_are_kept_per_shape(tmp_path, monkeypatch):
     """A prompt's micro-batches (64 tokens, KV windows of 32 cells) come back in the same shapes
     after a reset: their graphs are kept (PROMPT_GRAPHS at most, least recently used given up) and
     nothing is rebuilt; the logits are the first run's."""
-    from lazyggml.models import llama
+    from lazyggml.models import runner
     path = str(tmp_path / "m.gguf")
     make_tiny_llama(path, n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=300, n_ctx=512,
                     seed=SEED)
     toks = _tokens(400, 300, SEED)
-    model = lg.load_model(path)
+    model = lg.load_model(path, n_batch=64)
     built = []
     real = model._build
     monkeypatch.setattr(model, "_build", lambda *key: built.append(key) or real(*key))
@@ -298,7 +338,7 @@ def test_prompt_graphs_are_kept_per_shape(tmp_path, monkeypatch):
     assert not built
     model.reset()
     model.eval(toks[:320], logits_all=False)                    # (64, 256), (64, 320): two new shapes
-    assert len(model._prompt) == llama.PROMPT_GRAPHS and (64, 64, False) not in model._prompt
+    assert len(model._prompt) == runner.PROMPT_GRAPHS and (64, 64, False) not in model._prompt
 
 
 def test_prefill_longer_than_a_micro_batch(tmp_path):
@@ -340,7 +380,7 @@ def test_bad_input_is_a_clear_error(tiny):
 
 # -- several devices: llama.cpp's layer split and pipeline parallelism ------------------------------
 def test_split_layers_follows_llama_cpp():
-    from lazyggml.models.llama import split_layers
+    from lazyggml.models.runner import split_layers
     from lazyggml.testing import StandInDevice
     d = [StandInDevice("DEV0"), StandInDevice("DEV1")]
     # 12 layers + the output over two equal devices: positions il/13 below 0.5 go to the first

@@ -1,10 +1,11 @@
 """Tokenizers of both vocabulary kinds: hand-computed merges, byte fallback, special tokens, BOS/EOS,
-llama.cpp's detokenizer quirks, vocabulary validation, and round trips over random Unicode text."""
+llama.cpp's detokenizer quirks, vocabulary validation, round trips over random Unicode text, and
+every pre-tokenizer kind of the tiny models against llama.cpp's own tokenizer on 3,500 texts."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from lazyggml.gguf_io import GGUFError, read_gguf
-from lazyggml.testing import make_tiny_llama
+from lazyggml.testing import make_tiny_llama, make_tiny_model
 from lazyggml.tokenizer import (BYTE_TO_UNICODE, SPIECE_UNDERLINE as U, TokenAttr, Tokenizer, byte_encode,
                                 clean_up_tokenization_spaces, pre_tokenize)
 
@@ -281,3 +282,73 @@ def test_round_trip_bpe(tiny_tokenizers, text):
         assert tok.detokenize(ids) == expected
         assert b"".join(tok.token_to_piece(i) for i in ids) == text.encode()
         assert "".join(pre_tokenize(text, tok.pre)) == text
+
+
+# --- against llama.cpp's own tokenizer -------------------------------------------------------------
+
+# llama.cpp's own llama_detokenize (llama-cpp-python's Llama.detokenize is Python of its own)
+LLAMA_CPP_TOKENIZE = r"""
+import ctypes, json, sys
+import llama_cpp
+job = json.load(open(sys.argv[1]))
+out = {}
+
+def detokenize(vocab, ids):
+    buf = ctypes.create_string_buffer(64 * len(ids) + 64)
+    n = llama_cpp.llama_detokenize(vocab, (llama_cpp.llama_token * len(ids))(*ids), len(ids), buf, len(buf),
+                                   False, False)
+    assert n >= 0, n
+    return buf.raw[:n].decode("utf-8", "replace")
+
+for name, path in job["files"].items():
+    llm = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    ids = [llm.tokenize(t.encode(), add_bos=True, special=False) for t in job["texts"]]
+    out[name] = {"ids": ids, "text": [detokenize(llm._model.vocab, i) for i in ids]}
+    llm.close()
+json.dump(out, open(sys.argv[2], "w"))
+"""
+N_ORACLE_TEXTS = 3500
+FRAGMENTS = list("ab e.,'!?-\n\t\r:;()") + [
+    "  ", "\n\n", "   x", "é", "ß", "世界", "😀", "👍🏽", "\u0301", "1", "23", "456", "7890", " 's", "'re", "'LL",
+    U, "<s>", "<|endoftext|>", "\u00a0", "Ωmega", "naïve", "こんにちは", "Привет", "مرحبا", "\u200b", "  \n "]
+
+
+def oracle_texts(n):
+    """``n`` texts: lines of the embedded model's evaluation text (English, KJV), alone and run
+    together, and as many mixtures of the fragments above (scripts, emoji, digit runs,
+    contractions, whitespace runs, special-token text)."""
+    import gzip
+    import random
+    from importlib.resources import files
+    lines = gzip.decompress((files("lazyggml") / "data" / "kjv-eval.txt.gz").read_bytes()).decode().splitlines()
+    rng = random.Random(20241202)
+    english = [" ".join(lines[i:i + rng.randint(1, 3)]) for i in rng.sample(range(len(lines) - 3), n // 2)]
+    mixed = ["".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 40))) for _ in range(n - n // 2)]
+    return english + mixed
+
+
+def test_tokenizers_match_llama_cpp(tmp_path):
+    """Every vocabulary kind make_tiny_model writes (SentencePiece; byte-level BPE with the
+    llama-bpe, qwen2, default and smollm pre-tokenizers), loaded by llama.cpp (llama-cpp-python,
+    ``vocab_only``) and by lazyggml: the same ids for each of 3,500 texts, and the same text back."""
+    import json
+    import subprocess
+    import sys
+    files = {"spm": make_tiny_llama(tmp_path / "spm.gguf", n_vocab=400),
+             "llama-bpe": make_tiny_llama(tmp_path / "l3.gguf", vocab="gpt2", n_vocab=400),
+             "qwen2": make_tiny_model(tmp_path / "q2.gguf", arch="qwen2", n_vocab=400),
+             "default": make_tiny_llama(tmp_path / "def.gguf", vocab="gpt2", tokenizer_pre="default"),
+             "smollm": make_tiny_llama(tmp_path / "sm.gguf", vocab="gpt2", tokenizer_pre="smollm", n_vocab=300)}
+    texts = oracle_texts(N_ORACLE_TEXTS)
+    job, result = tmp_path / "job.json", tmp_path / "result.json"
+    job.write_text(json.dumps({"files": {k: str(p) for k, p in files.items()}, "texts": texts}))
+    r = subprocess.run([sys.executable, "-c", LLAMA_CPP_TOKENIZE, str(job), str(result)], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    theirs = json.loads(result.read_text())
+    for name, path in files.items():
+        tok = Tokenizer(read_gguf(path).metadata, path)
+        for text, ids, back in zip(texts, theirs[name]["ids"], theirs[name]["text"]):
+            ours = tok.tokenize(text)
+            assert ours == ids, (name, text)
+            assert tok.detokenize(ours) == back, (name, text)

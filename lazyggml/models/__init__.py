@@ -1,5 +1,8 @@
-"""Model architectures built from lazyggml ops: ``llama.py`` (the LLaMA graph, its KV cache, the
-runner and ``load_model``) and ``hparams.py`` (hyper-parameters read from GGUF, per family)."""
+"""Models built from lazyggml ops: ``runner.py`` (``load_model``: weights, KV cache, graphs per
+batch shape, ``eval``, ``generate``, the same for every family), ``archs.py`` (the architectures by
+``general.architecture``: tensors, RoPE type, graph function), ``builder.py`` (the blocks graphs
+are built from), ``llama.py`` (the LLaMA graph, shared by Qwen2 and Qwen3) and ``hparams.py``
+(hyper-parameters read from GGUF, and the tensor check)."""
 
 from pathlib import Path
 

@@ -1,10 +1,10 @@
-"""The hyper-parameters of a model family, read from GGUF metadata as llama.cpp reads them, and the
-tensors its loader expects.
+"""The hyper-parameters of a model, read from GGUF metadata as llama.cpp reads them, and the check
+of its tensors against what its architecture's loader expects.
 
-``LlamaHParams.from_metadata`` reads the keys llama.cpp reads for ``general.architecture = "llama"``
-(``llama_model::load_hparams``), and ``check_llama_tensors`` checks the tensor names and shapes that
-llama.cpp's loader creates for that architecture. A new family adds its own dataclass and checker
-here.
+``HParams.from_metadata`` reads the keys llama.cpp reads for every decoder (``llama_model::load_hparams``),
+under the prefix of ``general.architecture`` (``llama.``, ``qwen2.`` ...), which must be one of
+``archs.ARCHITECTURES``; ``check_tensors`` checks a file's tensor names and shapes against that
+architecture's table (``Arch.tensors``).
 """
 from __future__ import annotations
 
@@ -13,15 +13,18 @@ from dataclasses import dataclass
 from ..errors import GGUFError
 from ..gguf_io import get_count, get_key, get_per_layer, get_positive_float
 from ..types import WEIGHT_TYPES, type_name
+from .archs import get_arch
 
-__all__ = ["LLAMA_ROPE_SCALING_TYPES", "LlamaHParams", "WEIGHT_TYPES", "llama_tensor_shapes", "check_llama_tensors"]
+__all__ = ["ROPE_SCALING_TYPES", "HParams", "WEIGHT_TYPES", "tensor_shapes", "check_tensors"]
 
-LLAMA_ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
-class LlamaHParams:
-    """The hyper-parameters of a ``llama`` model, named as llama.cpp's ``llama_hparams``."""
+class HParams:
+    """The hyper-parameters of a model, named as llama.cpp's ``llama_hparams``; ``arch`` is its
+    ``general.architecture``."""
+    arch: str
     n_vocab: int
     n_ctx_train: int
     n_embd: int
@@ -54,13 +57,10 @@ class LlamaHParams:
         return self.n_embd_head_v * self.n_head_kv
 
     @classmethod
-    def from_metadata(cls, meta: dict, path="<metadata>") -> "LlamaHParams":
-        """Read and check the keys llama.cpp's ``load_hparams`` reads for the llama architecture."""
-        arch = get_key(meta, path, "general.architecture", "str", required=True)
-        if arch != "llama":
-            raise GGUFError(path, "general.architecture",
-                            f"unsupported architecture {arch!r}; lazyggml runs 'llama'")
-        p = "llama."
+    def from_metadata(cls, meta: dict, path="<metadata>") -> "HParams":
+        """Read and check the keys llama.cpp's ``load_hparams`` reads for the file's architecture."""
+        arch = get_arch(get_key(meta, path, "general.architecture", "str", required=True), path).name
+        p = arch + "."
         n_layer = get_count(meta, path, p + "block_count", required=True)
         n_embd = get_count(meta, path, p + "embedding_length", required=True)
         n_head = get_per_layer(meta, path, p + "attention.head_count", n_layer, required=True)
@@ -70,7 +70,7 @@ class LlamaHParams:
             raise GGUFError(path, p + "attention.head_count_kv",
                             f"{n_head} heads cannot be shared by {n_head_kv} KV heads")
         if get_key(meta, path, p + "expert_count", "int", 0) > 0:
-            raise GGUFError(path, p + "expert_count", "mixture-of-experts llama models are not supported")
+            raise GGUFError(path, p + "expert_count", f"mixture-of-experts {arch} models are not supported")
         if (p + "attention.key_length" not in meta or p + "attention.value_length" not in meta) \
                 and n_embd % n_head:
             raise GGUFError(path, p + "attention.head_count",
@@ -78,13 +78,13 @@ class LlamaHParams:
         n_embd_head_k = get_count(meta, path, p + "attention.key_length", default=n_embd // n_head)
         n_embd_head_v = get_count(meta, path, p + "attention.value_length", default=n_embd // n_head)
         n_rot = get_count(meta, path, p + "rope.dimension_count", default=n_embd_head_k)
-        if n_rot != n_embd_head_k or n_rot % 2:  # llama.cpp: "invalid n_rot" for this architecture
+        if n_rot != n_embd_head_k or n_rot % 2:  # llama.cpp: "invalid n_rot" (llama), an assert (qwen2/3)
             raise GGUFError(path, p + "rope.dimension_count",
                             f"{n_rot} must equal the head size {n_embd_head_k} and be even")
         scaling = get_key(meta, path, p + "rope.scaling.type", "str", "linear")
-        if scaling not in LLAMA_ROPE_SCALING_TYPES:
+        if scaling not in ROPE_SCALING_TYPES:
             raise GGUFError(path, p + "rope.scaling.type",
-                            f"unknown rope scaling {scaling!r}; expected one of {LLAMA_ROPE_SCALING_TYPES}")
+                            f"unknown rope scaling {scaling!r}; expected one of {ROPE_SCALING_TYPES}")
         factor_key = p + "rope.scaling.factor" if p + "rope.scaling.factor" in meta else p + "rope.scale_linear"
         factor = get_positive_float(meta, path, factor_key, 0.0, allow_zero=True)
         n_ctx_train = get_count(meta, path, p + "context_length", required=True)
@@ -101,7 +101,7 @@ class LlamaHParams:
             raise GGUFError(path, p + "vocab_size",
                             "missing, and there is no tokenizer.ggml.tokens list to count")
         return cls(
-            n_vocab=n_vocab, n_ctx_train=n_ctx_train, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff,
+            arch=arch, n_vocab=n_vocab, n_ctx_train=n_ctx_train, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff,
             n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=n_embd_head_k, n_embd_head_v=n_embd_head_v,
             n_rot=n_rot,
             f_norm_rms_eps=get_positive_float(meta, path, p + "attention.layer_norm_rms_epsilon",
@@ -114,43 +114,24 @@ class LlamaHParams:
         )
 
 
-
-
-def llama_tensor_shapes(hp: LlamaHParams) -> tuple:
+def tensor_shapes(hp: HParams) -> tuple:
     """``(required, optional)``: dicts of tensor name -> ``ne`` (GGML order) that llama.cpp's loader
-    creates for the llama architecture. ``output.weight`` is optional: without it the output
-    projection is tied to ``token_embd.weight``; ``rope_freqs.weight`` holds per-dimension RoPE
-    frequency factors (Llama 3.1 and later), GGML's ``rope_ext`` ``c`` argument."""
-    q_dim = hp.n_embd_head_k * hp.n_head
-    required = {"token_embd.weight": (hp.n_embd, hp.n_vocab), "output_norm.weight": (hp.n_embd,)}
-    for i in range(hp.n_layer):
-        b = f"blk.{i}."
-        required.update({
-            b + "attn_norm.weight": (hp.n_embd,),
-            b + "attn_q.weight": (hp.n_embd, q_dim),
-            b + "attn_k.weight": (hp.n_embd, hp.n_embd_k_gqa),
-            b + "attn_v.weight": (hp.n_embd, hp.n_embd_v_gqa),
-            b + "attn_output.weight": (q_dim, hp.n_embd),
-            b + "ffn_norm.weight": (hp.n_embd,),
-            b + "ffn_gate.weight": (hp.n_embd, hp.n_ff),
-            b + "ffn_up.weight": (hp.n_embd, hp.n_ff),
-            b + "ffn_down.weight": (hp.n_ff, hp.n_embd),
-        })
-    optional = {"output.weight": (hp.n_embd, hp.n_vocab), "rope_freqs.weight": (hp.n_rot // 2,)}
-    return required, optional
+    creates for ``hp.arch`` (``archs.py``). ``output.weight`` is optional in every family: without
+    it the output projection is tied to ``token_embd.weight``."""
+    return get_arch(hp.arch).tensors(hp)
 
 
-def check_llama_tensors(hp: LlamaHParams, tensors: dict, path="<tensors>") -> dict:
-    """Check a file's tensors (name -> ``TensorInfo``) against the llama layout of ``hp``: every
-    required tensor present with its shape and a weight type, no tensor the model would not use
-    (llama.cpp fails such a file with "wrong number of tensors"). Returns name -> ``TensorInfo`` for
-    the model's tensors, with ``output.weight`` mapped to the ``token_embd.weight`` info when the
+def check_tensors(hp: HParams, tensors: dict, path="<tensors>") -> dict:
+    """Check a file's tensors (name -> ``TensorInfo``) against the layout of ``hp``'s architecture:
+    every required tensor present with its shape and a weight type, no tensor the model would not
+    use (llama.cpp fails such a file with "wrong number of tensors"). Returns name -> ``TensorInfo``
+    for the model's tensors, with ``output.weight`` mapped to the ``token_embd.weight`` info when the
     output is tied (llama.cpp's ``TENSOR_DUPLICATED``)."""
-    required, optional = llama_tensor_shapes(hp)
+    required, optional = tensor_shapes(hp)
     for name in tensors:
         if name not in required and name not in optional:
             raise GGUFError(path, f"tensor '{name}'", f"unexpected tensor for a {hp.n_layer}-layer "
-                                                      f"llama model")
+                                                      f"{hp.arch} model")
     found = {}
     for name, ne in {**required, **optional}.items():
         info = tensors.get(name)

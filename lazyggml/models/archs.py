@@ -1,0 +1,95 @@
+"""The architectures lazyggml runs, by ``general.architecture``: one table, as llama.cpp's
+``llm_arch`` switch in its loader and graph builder.
+
+An ``Arch`` says what a family's files hold and how its graph is built:
+
+* ``tensors(hp)``: ``(required, optional)`` dicts of tensor name -> ``ne`` (GGML order), the
+  tensors llama.cpp's loader creates for that architecture (``create_tensor``, with
+  ``TENSOR_NOT_REQUIRED`` for the optional ones). A missing ``output.weight`` ties the output
+  projection to ``token_embd.weight`` in every family (llama.cpp's ``TENSOR_DUPLICATED``);
+* ``rope_type``: GGML's RoPE mode for queries and keys;
+* ``build(b)``: the graph, from a ``builder.GraphBuilder``.
+
+A new family adds its row here, its graph function in a module of its own when LLaMA's does not
+serve, and its hyper-parameter keys in ``hparams.py`` when it has any beyond the common ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import GGUFError
+from ..ops import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL
+from .llama import build_llama
+
+__all__ = ["Arch", "ARCHITECTURES", "get_arch"]
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    rope_type: int
+    layer_required: Callable      # hp -> {suffix after "blk.N.": ne}
+    layer_optional: Callable
+    optional: Callable            # hp -> {name: ne}, beside the tied-or-not output
+    build: Callable
+
+    def tensors(self, hp) -> tuple:
+        """``(required, optional)``: tensor name -> ``ne`` for a model of hyper-parameters ``hp``."""
+        required = {"token_embd.weight": (hp.n_embd, hp.n_vocab), "output_norm.weight": (hp.n_embd,)}
+        optional = {"output.weight": (hp.n_embd, hp.n_vocab), **self.optional(hp)}
+        for into, per_layer in ((required, self.layer_required(hp)), (optional, self.layer_optional(hp))):
+            for i in range(hp.n_layer):
+                into.update({f"blk.{i}.{suffix}": ne for suffix, ne in per_layer.items()})
+        return required, optional
+
+
+def _decoder(hp):
+    """LLaMA's block: norms, the four attention projections, the gated FFN."""
+    q_dim = hp.n_embd_head_k * hp.n_head
+    return {
+        "attn_norm.weight": (hp.n_embd,),
+        "attn_q.weight": (hp.n_embd, q_dim),
+        "attn_k.weight": (hp.n_embd, hp.n_embd_k_gqa),
+        "attn_v.weight": (hp.n_embd, hp.n_embd_v_gqa),
+        "attn_output.weight": (q_dim, hp.n_embd),
+        "ffn_norm.weight": (hp.n_embd,),
+        "ffn_gate.weight": (hp.n_embd, hp.n_ff),
+        "ffn_up.weight": (hp.n_embd, hp.n_ff),
+        "ffn_down.weight": (hp.n_ff, hp.n_embd),
+    }
+
+
+def _qkv_biases(hp):
+    return {"attn_q.bias": (hp.n_embd_head_k * hp.n_head,), "attn_k.bias": (hp.n_embd_k_gqa,),
+            "attn_v.bias": (hp.n_embd_v_gqa,)}
+
+
+def _qk_norms(hp):
+    return {"attn_q_norm.weight": (hp.n_embd_head_k,), "attn_k_norm.weight": (hp.n_embd_head_k,)}
+
+
+def _none(hp):
+    return {}
+
+
+ARCHITECTURES = {a.name: a for a in (
+    # LLaMA 1/2/3, Mistral, TinyLlama, SmolLM; biases where a file has them; rope_freqs: per-dimension
+    # frequency factors (Llama 3.1 and later), GGML's rope_ext ``c`` argument
+    Arch("llama", ROPE_TYPE_NORMAL, _decoder,
+         lambda hp: {**_qkv_biases(hp), "attn_output.bias": (hp.n_embd,)},
+         lambda hp: {"rope_freqs.weight": (hp.n_rot // 2,)}, build_llama),
+    # Qwen2, Qwen2.5: biases on Q, K and V
+    Arch("qwen2", ROPE_TYPE_NEOX, lambda hp: {**_decoder(hp), **_qkv_biases(hp)}, _none, _none, build_llama),
+    # Qwen3: an RMS norm on each query and key head, no biases
+    Arch("qwen3", ROPE_TYPE_NEOX, lambda hp: {**_decoder(hp), **_qk_norms(hp)}, _none, _none, build_llama),
+)}
+
+
+def get_arch(name, path="<metadata>") -> Arch:
+    """The architecture called ``name``; a ``GGUFError`` naming it and the supported ones if none is."""
+    arch = ARCHITECTURES.get(name)
+    if arch is None:
+        raise GGUFError(path, "general.architecture",
+                        f"unsupported architecture {name!r}; lazyggml runs {', '.join(sorted(ARCHITECTURES))}")
+    return arch

@@ -1,0 +1,147 @@
+"""What every architecture's graph is made of (llama.cpp's ``llm_graph_context``).
+
+A ``GraphBuilder`` holds one forward pass under construction: a micro-batch of ``n_tokens`` tokens
+after those in the KV cache, attending to a window of ``n_kv`` cells. It makes the graph's inputs,
+and gives an architecture's builder (``archs.py`` says which function builds which family) the
+blocks that families share:
+
+* ``embed()``: the tokens' rows of ``token_embd.weight`` (``get_rows``);
+* ``norm(x, name)``: RMS norm times a weight; ``linear(x, name)``: ``name.weight @ x``, plus
+  ``name.bias`` when the file has one;
+* ``qkv(il, h)``: the layer's query, key and value heads, each with its bias and, for keys and queries,
+  its per-head RMS norm when the file has them, then RoPE on queries and keys;
+* ``attn(il, q, k, v)``: the batch's keys and values written into the layer's KV cache, attention
+  over the window (``flash_attn_ext``, or ``mul_mat``/``soft_max_ext``/``mul_mat``), then the
+  output projection;
+* ``ffn(il, h)``: the gated feed-forward network, ``down @ (silu(gate @ h) * (up @ h))``;
+* ``output(x)``: the last token's (or every token's) hidden state, normed, times ``output.weight``.
+
+The KV cache layout is the runner's (``runner.py``): K has an F16 row of ``n_embd_k_gqa`` per cell; V
+too with flash attention, else V is stored transposed (row j holds element j of every cell), as
+llama.cpp's ``v_trans``, so that ``v^T @ kq`` reads the window's rows in place.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import ops
+from ..graph import Graph
+from ..tensor import Context, set_input, set_output
+from ..types import Type
+
+__all__ = ["GraphBuilder"]
+
+
+class GraphBuilder:
+    """One forward pass under construction for ``model`` (a ``runner.Model``): ``graph``, the
+    ``inputs`` in the order ``runner.Model`` fills them (tokens, positions, KV cells, V cells or
+    None, mask) and, once ``output`` ran, ``logits``."""
+
+    def __init__(self, model, n_tokens, n_kv, logits_all):
+        self.hp, self.w, self.arch = model.hp, model.w, model.arch
+        self.k_cache, self.v_cache, self.flash_attn = model.k_cache, model.v_cache, model.flash_attn
+        self.n_tokens, self.n_kv, self.logits_all = n_tokens, n_kv, logits_all
+        self.ctx = Context()
+        self.graph = Graph(model.sched.graph_size)
+        self.logits = None
+        hp, ctx = self.hp, self.ctx
+        with ctx:
+            self.tokens = ctx.new_tensor_1d(Type.I32, n_tokens)
+            self.pos = ctx.new_tensor_1d(Type.I32, n_tokens)
+            self.kv_idxs = ctx.new_tensor_1d(Type.I64, n_tokens)
+            self.v_idxs = None if self.flash_attn else ctx.new_tensor_1d(Type.I64, n_tokens * hp.n_embd_v_gqa)
+            self.kq_mask = ctx.new_tensor_2d(Type.F32, n_kv, n_tokens)
+        for t, name in ((self.tokens, "inp_tokens"), (self.pos, "inp_pos"), (self.kv_idxs, "inp_kv_idxs"),
+                        (self.v_idxs, "inp_v_idxs"), (self.kq_mask, "inp_kq_mask")):
+            if t is not None:
+                t.name = name
+                set_input(t)
+
+    @property
+    def inputs(self):
+        return self.tokens, self.pos, self.kv_idxs, self.v_idxs, self.kq_mask
+
+    def build(self):
+        """Run the architecture's graph builder inside this builder's context; returns self."""
+        with self.ctx:
+            self.arch.build(self)
+        return self
+
+    # -- blocks ---------------------------------------------------------------------------------------
+    def embed(self):
+        return ops.get_rows(self.w["token_embd.weight"], self.tokens)
+
+    def norm(self, x, name):
+        """``rms_norm(x) * w[name]``: over the first dimension (a row, or a head's row)."""
+        return ops.mul(ops.rms_norm(x, self.hp.f_norm_rms_eps), self.w[name])
+
+    def linear(self, x, name):
+        """``w[name.weight] @ x``, plus ``w[name.bias]`` where the file has that bias."""
+        y = ops.mul_mat(self.w[name + ".weight"], x)
+        bias = self.w.get(name + ".bias")
+        return y if bias is None else ops.add(y, bias)
+
+    def rope(self, x):
+        hp = self.hp
+        ext_factor = 1.0 if hp.rope_scaling_type == "yarn" else 0.0
+        return ops.rope_ext(x, self.pos, self.w.get("rope_freqs.weight"), hp.n_rot, self.arch.rope_type,
+                            hp.n_ctx_orig_yarn, hp.rope_freq_base, hp.rope_freq_scale, ext_factor, 1.0, 32.0, 1.0)
+
+    def qkv(self, il, h):
+        """Queries ``[hd, n_head, n_tokens]`` and keys ``[hd, n_head_kv, n_tokens]`` (per-head RMS
+        norms where the file has ``attn_q_norm``/``attn_k_norm``, then RoPE), values
+        ``[n_embd_v_gqa, n_tokens]``."""
+        hp, b, n = self.hp, f"blk.{il}.", self.n_tokens
+        q = ops.reshape_3d(self.linear(h, b + "attn_q"), hp.n_embd_head_k, hp.n_head, n)
+        k = ops.reshape_3d(self.linear(h, b + "attn_k"), hp.n_embd_head_k, hp.n_head_kv, n)
+        v = self.linear(h, b + "attn_v")
+        if b + "attn_q_norm.weight" in self.w:
+            q = self.norm(q, b + "attn_q_norm.weight")
+        if b + "attn_k_norm.weight" in self.w:
+            k = self.norm(k, b + "attn_k_norm.weight")
+        return self.rope(q), self.rope(k), v
+
+    def attn(self, il, q, k, v):
+        """Write this batch's ``k`` and ``v`` into layer ``il``'s cache cells (before attention reads
+        them), attend over the window with scale 1/sqrt(head size), project by ``attn_output``."""
+        hp, g, n, n_kv = self.hp, self.graph, self.n_tokens, self.n_kv
+        hd, n_head_kv = hp.n_embd_head_k, hp.n_head_kv
+        kc, vc = self.k_cache[il], self.v_cache[il]
+        scale = 1.0 / math.sqrt(hd)
+        g.build_forward_expand(ops.set_rows(kc, ops.reshape_2d(k, hp.n_embd_k_gqa, n), self.kv_idxs))
+        if self.flash_attn:
+            g.build_forward_expand(ops.set_rows(vc, ops.reshape_2d(v, hp.n_embd_v_gqa, n), self.kv_idxs))
+            k3 = ops.view_3d(kc, hd, n_kv, n_head_kv, kc.nb[1], kc.nb[1] // n_head_kv, 0)
+            v3 = ops.view_3d(vc, hd, n_kv, n_head_kv, vc.nb[1], vc.nb[1] // n_head_kv, 0)
+            fa = ops.flash_attn_ext(ops.permute(q, 0, 2, 1, 3), k3, v3, self.kq_mask, scale)
+            out = ops.reshape_2d(fa, hd * hp.n_head, n)                  # [hd, n_head, n_tokens]
+        else:
+            # V transposed: every element is a row of one (v_idxs: element j of token t goes to
+            # cell pos_t of row j)
+            g.build_forward_expand(ops.set_rows(ops.reshape_2d(vc, 1, vc.ne[0] * vc.ne[1]),
+                                                ops.reshape_2d(v, 1, hp.n_embd_v_gqa * n), self.v_idxs))
+            kv = ops.view_3d(kc, hd, n_head_kv, n_kv, kc.nb[1] // n_head_kv, kc.nb[1], 0)
+            vt = ops.view_3d(vc, n_kv, hd, n_head_kv, vc.nb[1], vc.nb[1] * hd, 0)   # [n_kv, hd, n_head_kv]
+            kq = ops.mul_mat(ops.permute(kv, 0, 2, 1, 3), ops.permute(q, 0, 2, 1, 3))
+            kq = ops.soft_max_ext(kq, self.kq_mask, scale, 0.0)
+            kqv = ops.mul_mat(vt, kq)                                      # [hd, n_tokens, n_head]
+            out = ops.cont_2d(ops.permute(kqv, 0, 2, 1, 3), hd * hp.n_head, n)
+        return self.linear(out, f"blk.{il}.attn_output")
+
+    def ffn(self, il, h):
+        b = f"blk.{il}."
+        return self.linear(ops.swiglu_split(self.linear(h, b + "ffn_gate"), self.linear(h, b + "ffn_up")),
+                           b + "ffn_down")
+
+    def output(self, x):
+        """The logits: of the last token only unless ``logits_all`` (the other rows are not needed
+        for sampling), marked as the graph's output and expanded into it."""
+        hp = self.hp
+        if not self.logits_all:
+            x = ops.view_2d(x, hp.n_embd, 1, x.nb[1], (self.n_tokens - 1) * x.nb[1])
+        logits = self.linear(self.norm(x, "output_norm.weight"), "output")
+        logits.name = "result_output"
+        set_output(logits)
+        self.graph.build_forward_expand(logits)
+        self.logits = logits
+        return logits
