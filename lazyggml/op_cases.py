@@ -389,6 +389,15 @@ case("sum_rows(permuted)", "reduce", [f32(6, 7, 3, 2)], lambda a: ops.sum_rows(o
 case("argmax", "reduce", [f32(100, 12)], ops.argmax, lambda a: np.argmax(a, axis=-1).reshape(1, 1, 1, -1))
 case("argmax(transposed)", "reduce", [f32(12, 50)], lambda a: ops.argmax(ops.transpose(a)),
      lambda a: np.argmax(np_transpose(a), axis=-1).reshape(1, 1, 1, -1))
+for _order in ops.SortOrder:
+    _sign = 1 if _order == ops.SortOrder.ASC else -1
+    case(f"argsort({_order.name.lower()})", "reduce", [f32(33, 7, 2)], lambda a, o=_order: ops.argsort(a, o),
+         lambda a, s=_sign: np.argsort(s * a, axis=-1, kind="stable"))
+    case(f"argsort({_order.name.lower()}, transposed)", "reduce", [f32(5, 40)],
+         lambda a, o=_order: ops.argsort(ops.transpose(a), o),
+         lambda a, s=_sign: np.argsort(s * np_transpose(a), axis=-1, kind="stable"))
+case("argsort_top_k(k=4)", "reduce", [f32(16, 6)], lambda a: ops.argsort_top_k(a, 4),
+     lambda a: np.argsort(-a, axis=-1, kind="stable")[..., :4])
 
 
 # -- norms -----------------------------------------------------------------------------------------
@@ -655,6 +664,29 @@ case("mul_mat(f32, broadcast over batch)", "mul_mat", [f32(32, 16, 2), f32(32, 8
 for _k in (40, 36):   # rows of 5 (a k-step's tail) and of 4.5 16-byte pieces; 70 columns: two tiles of 64
     case(f"mul_mat(f16, k={_k}, 70 columns, broadcast over batch)", "mul_mat", [(F16, (_k, 20, 2)), f32(_k, 70, 4)],
          ops.mul_mat, mul_mat_ref, max_nmse=MUL_MAT_NMSE)
+
+
+# -- mul_mat_id: a mixture of experts' products, every weight type --------------------------------------
+def mul_mat_id_ref(a, b, ids):
+    """out[0, t, e] = a[0, ids[t, e]] @ b[0, t, e % n_b] (NumPy order, see ops.mul_mat_id)."""
+    n_tokens, n_used = ids.shape[2], ids.shape[3]
+    out = np.empty((1, n_tokens, n_used, a.shape[2]))
+    for t in range(n_tokens):
+        for e in range(n_used):
+            out[0, t, e] = a[0, int(ids[0, 0, t, e])] @ b[0, t, e % b.shape[2]]
+    return out
+
+
+for _type in WEIGHT_TYPES:
+    for _n_b, _n in ((1, 1), (1, 6), (3, 6)):    # a token's row broadcast to its experts, or a row each
+        case(f"mul_mat_id({type_name(_type)}, 5 experts, 3 used, n_b={_n_b}, n={_n})", "mul_mat",
+             [(_type, (256, 16, 5)), f32(256, _n_b, _n), (I32, (3, _n))], ops.mul_mat_id, mul_mat_id_ref,
+             fill={2: distinct_indices(5)}, max_nmse=MUL_MAT_NMSE, types=(_type,))
+case("mul_mat_id(q4_K, 4096 rows, 8 experts, 2 used, permuted activations)", "mul_mat",
+     [(Q4_K, (256, 4096, 8)), f32(256, 2, 1), (I32, (2, 2))],
+     lambda w, x, i: ops.mul_mat_id(w, ops.permute(x, 0, 2, 1, 3), i),
+     lambda w, x, i: mul_mat_id_ref(w, np_permute(x, 0, 2, 1, 3), i),
+     fill={2: distinct_indices(8)}, max_nmse=MUL_MAT_NMSE, types=(Q4_K,))
 
 
 # -- attention as the model runner builds it (models/llama.py) -------------------------------------

@@ -27,18 +27,18 @@ import numpy as np
 
 from .errors import ShapeError, TensorTypeError
 from .tensor import Tensor, current_context, MAX_DIMS
-from .types import GluOp, Op, Type, UnaryOp, type_name, type_size
+from .types import GluOp, Op, SortOrder, Type, UnaryOp, type_name, type_size
 
-__all__ = ["Op", "UnaryOp", "GluOp", "ROPE_TYPE_NORMAL", "ROPE_TYPE_NEOX", "VIEW_OPS", "EMPTY_OPS",
-           "INPLACE_OPS", "RESERVED_OPS", "is_view_op", "op_can_inplace", "op_desc", "can_repeat", "dup",
+__all__ = ["Op", "UnaryOp", "GluOp", "SortOrder", "ROPE_TYPE_NORMAL", "ROPE_TYPE_NEOX", "VIEW_OPS", "EMPTY_OPS",
+           "INPLACE_OPS", "is_view_op", "op_can_inplace", "op_desc", "can_repeat", "dup",
            "dup_inplace", "cpy", "cont", "cont_4d", "cont_1d", "cont_2d", "cont_3d", "add", "add_inplace",
            "sub", "sub_inplace", "mul", "mul_inplace", "div", "div_inplace", "add1", "add1_inplace",
            "repeat", "concat", "sqr", "sqr_inplace", "sqrt", "sqrt_inplace", "log", "log_inplace", "sin",
            "cos", "unary", "abs", "abs_inplace", "sgn", "neg", "neg_inplace", "step", "tanh", "tanh_inplace",
            "elu", "relu", "relu_inplace", "sigmoid", "sigmoid_inplace", "gelu", "gelu_inplace", "gelu_erf",
            "gelu_quick", "silu", "silu_inplace", "hardswish", "hardsigmoid", "exp", "exp_inplace", "scale",
-           "scale_inplace", "scale_bias", "clamp", "sum", "sum_rows", "mean", "argmax", "norm",
-           "norm_inplace", "rms_norm", "rms_norm_inplace", "mul_mat", "get_rows", "set_rows",
+           "scale_inplace", "scale_bias", "clamp", "sum", "sum_rows", "mean", "argmax", "argsort", "argsort_top_k", "norm",
+           "norm_inplace", "rms_norm", "rms_norm_inplace", "mul_mat", "mul_mat_id", "get_rows", "set_rows",
            "diag_mask_inf", "diag_mask_inf_inplace", "soft_max", "soft_max_inplace", "soft_max_ext",
            "soft_max_ext_inplace", "flash_attn_ext", "flash_attn_ext_set_prec", "PREC_DEFAULT", "PREC_F32",
            "rope_ext", "rope_ext_inplace", "rope", "rope_inplace", "swiglu",
@@ -48,9 +48,9 @@ __all__ = ["Op", "UnaryOp", "GluOp", "ROPE_TYPE_NORMAL", "ROPE_TYPE_NEOX", "VIEW
            # op_params, typed (one NamedTuple per op, its fields in GGML's order), and their accessors
            "ConcatParams", "UnaryParams", "ScaleParams", "ClampParams", "NormParams", "DiagMaskParams",
            "SoftMaxParams", "FlashAttnParams", "RopeParams", "GluParams", "PadParams", "ViewParams",
-           "PermuteParams", "concat_dim", "unary_op", "scale_params", "clamp_params", "norm_eps",
+           "PermuteParams", "SortParams", "concat_dim", "unary_op", "scale_params", "clamp_params", "norm_eps",
            "diag_mask_n_past", "soft_max_params", "flash_attn_params", "rope_params", "glu_params",
-           "pad_params", "view_offset", "permute_axes",
+           "pad_params", "view_offset", "permute_axes", "sort_order",
            # constants GGML derives from op_params on the host
            "rope_yarn_corr_dims", "rope_theta_scale", "AlibiParams", "soft_max_alibi"]
 
@@ -68,9 +68,6 @@ INPLACE_OPS = frozenset({
     Op.SCALE, Op.DIAG_MASK_INF, Op.ADD, Op.ADD1, Op.SUB, Op.MUL, Op.DIV, Op.SQR, Op.SQRT, Op.LOG,
     Op.UNARY, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX,
 })
-
-# In the enum for the issues that build them; no constructor or kernel yet, so no graph has them.
-RESERVED_OPS = frozenset({Op.MUL_MAT_ID})
 
 
 def is_view_op(op):
@@ -613,6 +610,35 @@ def argmax(a, *, ctx=None):
     return _set(_ctx(ctx, a).new_tensor_1d(Type.I32, a.ne[1]), Op.ARGMAX, [a])
 
 
+class SortParams(NamedTuple):
+    """ARGSORT's ``op_params``: ascending or descending (a ``SortOrder``)."""
+    order: int
+
+
+def sort_order(t):
+    """The ``SortOrder`` of an ARGSORT node."""
+    return SortOrder(_read(t, SortParams, Op.ARGSORT).order)
+
+
+def argsort(a, order=SortOrder.ASC, *, ctx=None):
+    """Per row of ``a`` [ne0, ...]: the I32 indices 0..ne0-1 ordered by their values, ascending or
+    descending (``order``); of equal values, the lower index first (GGML's CPU sort does not
+    promise an order for ties)."""
+    _need_float("argsort", a)
+    if order not in tuple(SortOrder):
+        _fail("argsort", f"order must be a SortOrder (0 ascending, 1 descending), got {order!r}", a)
+    return _set(_ctx(ctx, a).new_tensor(Type.I32, a.ne), Op.ARGSORT, [a], SortParams(SortOrder(order)))
+
+
+def argsort_top_k(a, k, *, ctx=None):
+    """The indices of the ``k`` largest values of each row of ``a``, largest first: a view of the
+    first ``k`` columns of a descending ``argsort`` (GGML's ``ggml_argsort_top_k``)."""
+    if not 0 < k <= a.ne[0]:
+        _fail("argsort_top_k", f"k={k} must lie in [1, {a.ne[0]}]", a)
+    s = argsort(a, SortOrder.DESC, ctx=ctx)
+    return view_4d(s, k, s.ne[1], s.ne[2], s.ne[3], s.nb[1], s.nb[2], s.nb[3], 0, ctx=ctx)
+
+
 # -- normalisation ---------------------------------------------------------------------------------
 class NormParams(NamedTuple):
     """NORM's and RMS_NORM's ``op_params``: the ``eps`` added to the variance."""
@@ -671,6 +697,37 @@ def mul_mat(a, b, *, ctx=None):
         _fail("mul_mat", "a must not be transposed", a, b)
     r = _ctx(ctx, a).new_tensor(Type.F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]))
     return _set(r, Op.MUL_MAT, [a, b])
+
+
+def mul_mat_id(as_, b, ids, *, ctx=None):
+    """Mixture of experts: ``as_`` [k, m, n_expert] (one weight matrix per expert), ``b`` [k, n_b,
+    n_tokens] F32, ``ids`` I32 [n_used, n_tokens] -> F32 [m, n_used, n_tokens], where
+
+        result[:, e, t] = as_[:, :, ids[e, t]] @ b[:, e % n_b, t]
+
+    (``n_b`` is 1, one row per token broadcast to every expert it uses, or ``n_used``). Each result
+    element is a dot product as ``mul_mat``'s. An id outside [0, n_expert) is an error when the
+    node is computed."""
+    _need("mul_mat_id", as_, b, ids)
+    _need_float("mul_mat_id", b)
+    if as_.type in _INTEGER_TYPES:
+        _fail("mul_mat_id", f"{type_name(as_.type)} weights; as must hold floats or quantized blocks", as_, b, ids,
+              error=TensorTypeError)
+    if ids.type != Type.I32:
+        _fail("mul_mat_id", "ids must be I32", as_, b, ids, error=TensorTypeError)
+    if as_.is_transposed():
+        _fail("mul_mat_id", "as must not be transposed", as_, b, ids)
+    if as_.ne[3] != 1 or b.ne[3] != 1 or ids.ne[2] != 1 or ids.ne[3] != 1:
+        _fail("mul_mat_id", "as and b must be 3-D and ids 2-D", as_, b, ids)
+    if as_.ne[0] != b.ne[0]:
+        _fail("mul_mat_id", "inner sizes ne[0] differ", as_, b, ids)
+    if ids.ne[1] != b.ne[2]:
+        _fail("mul_mat_id", "ids needs one list of experts per token (ids.ne[1] == b.ne[2])", as_, b, ids)
+    if ids.ne[0] % b.ne[1]:
+        _fail("mul_mat_id", "b.ne[1] must divide ids.ne[0] (b's rows are broadcast over the experts used)",
+              as_, b, ids)
+    r = _ctx(ctx, as_).new_tensor(Type.F32, (as_.ne[1], ids.ne[0], b.ne[2], 1))
+    return _set(r, Op.MUL_MAT_ID, [as_, b, ids])
 
 
 # -- rows --------------------------------------------------------------------------------------------

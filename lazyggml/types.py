@@ -147,7 +147,7 @@ def type_name(t) -> str:
 # -- ops --------------------------------------------------------------------------------------------
 class Op(enum.IntEnum):
     """GGML's ``enum ggml_op``, the ops lazyggml has (values are ours, not GGML's): ``ops.py``
-    declares each one's constructor, shape rule and ``op_params``; ``RESERVED_OPS`` have none yet."""
+    declares each one's constructor, shape rule and ``op_params``."""
 
     NONE = 0
     DUP = enum.auto()
@@ -170,7 +170,7 @@ class Op(enum.IntEnum):
     NORM = enum.auto()
     RMS_NORM = enum.auto()
     MUL_MAT = enum.auto()
-    MUL_MAT_ID = enum.auto()       # reserved: mixture-of-experts (issue 20) builds it
+    MUL_MAT_ID = enum.auto()       # mixture-of-experts: each token's rows times its experts' matrices
     SCALE = enum.auto()
     CPY = enum.auto()
     CONT = enum.auto()
@@ -188,6 +188,14 @@ class Op(enum.IntEnum):
     FLASH_ATTN_EXT = enum.auto()   # fused attention (ops.flash_attn_ext)
     UNARY = enum.auto()
     GLU = enum.auto()
+    ARGSORT = enum.auto()
+
+
+class SortOrder(enum.IntEnum):
+    """GGML's ``enum ggml_sort_order``: ``op_params[0]`` of an ``Op.ARGSORT`` node."""
+
+    ASC = 0
+    DESC = enum.auto()
 
 
 class UnaryOp(enum.IntEnum):

@@ -302,7 +302,7 @@ _tls = threading.local()
 _STRIDED = np.empty(0, np.float32)   # xflat of an x whose rows are not one contiguous run
 
 
-def _scratch(name, nbytes):
+def scratch(name, nbytes):
     """A reusable per-Python-thread byte buffer (fresh allocations would page-fault every call).
     A plan keeps the one it was made with, so a later, larger request never pulls it away."""
     buf = getattr(_tls, name, None)
@@ -312,15 +312,15 @@ def _scratch(name, nbytes):
     return buf[:nbytes]
 
 
-def _thread_scratch(name, nth, n, dtype):
-    """``_scratch`` as ``nth`` rows of ``n`` elements, one per thread of a parallel kernel. Passed
+def thread_scratch(name, nth, n, dtype):
+    """``scratch`` as ``nth`` rows of ``n`` elements, one per thread of a parallel kernel. Passed
     in rather than allocated inside the region: an allocation there cost ~1 µs a region (the
     task counter's alone), a tenth of a small mat-vec."""
-    return _scratch(name, nth * n * np.dtype(dtype).itemsize).view(dtype).reshape(nth, n)
+    return scratch(name, nth * n * np.dtype(dtype).itemsize).view(dtype).reshape(nth, n)
 
 
 @_kernel
-def _round_acts(kind, x4, xf):
+def round_acts(kind, x4, xf):
     """xf = x4 rounded to F16 (kind 1) or BF16 (kind 2) and back: GGML's vec_dot_type for those
     weights is the weight type (F16 as GGML_CPU_FP32_TO_FP16, BF16 as ggml_compute_fp32_to_bf16)."""
     n3, n2, n1, n0 = x4.shape
@@ -380,21 +380,21 @@ def mul_mat_steps(w, wtype, x, dst, nth):
                 raise ValueError("mul_mat: F32 weights must be float32")
             xf = x
             if not x.flags.c_contiguous:
-                xf = _scratch("xf", 4 * x.size).view(np.float32).reshape(x.shape)
+                xf = scratch("xf", 4 * x.size).view(np.float32).reshape(x.shape)
                 steps.append((np.copyto, (xf, x)))
         else:
             if w.dtype == np.float16:
                 w = w.view(np.uint16)
             if w.dtype != np.uint16:
                 raise ValueError(f"mul_mat: {wtype.name} weights must be float16 or uint16")
-            xf = _scratch("xf", 4 * x.size).view(np.float32).reshape(x.shape)
-            steps.append((_round_acts, (KIND[wtype], x, xf)))
+            xf = scratch("xf", 4 * x.size).view(np.float32).reshape(x.shape)
+            steps.append((round_acts, (KIND[wtype], x, xf)))
         if w.shape[3] != ne10 or w.strides[3] != w.itemsize:
             raise ValueError(f"mul_mat: weight rows must be {ne10} contiguous elements")
         kind = KIND[wtype]
         if parallel:
             steps.append((_run_float_par, (kind, ne10, w, xf.reshape(-1), dst, RT, CT, nth,
-                                           _thread_scratch("counter", 1, 1, np.int64)[0])))
+                                           thread_scratch("counter", 1, 1, np.int64)[0])))
         else:
             steps.append((_run_float, (kind, ne10, w, xf.reshape(-1), dst, RT, CT)))
         return steps
@@ -405,12 +405,12 @@ def mul_mat_steps(w, wtype, x, dst, nth):
     vt = TYPE_TRAITS_CPU[wtype].vec_dot_type
     rs = row_size(vt, ne10)
     bsz = type_size(vt)
-    yq = _scratch("yq", rs * nrows_x)
+    yq = scratch("yq", rs * nrows_x)
     xflat = x.reshape(-1) if x.flags.c_contiguous else _STRIDED   # see _quantize_rows
     scope = current_scope()
     if parallel:   # the parallel kernels' per-thread scratch and task counter
-        tasks = (_thread_scratch("counter", 1, 1, np.int64)[0], _thread_scratch("acc", nth, V.ACC_PER_COL * CT, np.float32),
-                 _thread_scratch("tmp", nth, 2 * CT, np.float32))
+        tasks = (thread_scratch("counter", 1, 1, np.int64)[0], thread_scratch("acc", nth, V.ACC_PER_COL * CT, np.float32),
+                 thread_scratch("tmp", nth, 2 * CT, np.float32))
     # products with the same input one after the other (Q, K and V; FFN gate and up) quantize it once
     key = (address(yq), yq.size, int(vt), address(x), x.shape, x.strides)
     done = scope is not None and scope.get("yq", key)
@@ -425,8 +425,8 @@ def mul_mat_steps(w, wtype, x, dst, nth):
     if done:
         steps = []
     elif parallel:
-        steps = [(_quantize_acts_par, (int(vt), x, xflat, yq, rs, bsz, nth, _thread_scratch("qtmp", nth, ne10, np.float32),
-                                       _thread_scratch("qrow", nth, -(-nrows_x // nth) * rs, np.uint8)))]
+        steps = [(_quantize_acts_par, (int(vt), x, xflat, yq, rs, bsz, nth, thread_scratch("qtmp", nth, ne10, np.float32),
+                                       thread_scratch("qrow", nth, -(-nrows_x // nth) * rs, np.uint8)))]
     else:
         steps = [(_quantize_acts, (int(vt), x, xflat, yq, rs, bsz))]
     if steps and scope is not None:

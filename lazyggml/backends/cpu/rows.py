@@ -25,7 +25,7 @@ from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, is_quantized, type_size
 from . import common, convert, dispatch, quant, simd
-from .table import compiled, forward
+from .table import Checked, check_indices, forward
 from .common import (FLOAT_TYPES, KIND, KIND_F32, KIND_RAW, as_bits, convert_row, from_f32, quant_ready, to_f32,
                    unravel_row)
 
@@ -86,16 +86,11 @@ def set_rows(src, idx, dst, dkind):
     return bad
 
 
-def _check(what, bad, n_rows):
-    if bad:
-        raise IndexError(f"{what}: {bad} indices out of range [0, {n_rows})")
-
-
 def _batch_indices(idx, n3, n2, n_rows, what):
     """NumPy index arrays addressing row ``idx[i3 % m3, i2 % m2, i]`` of each batch (i3, i2),
     for ``idx`` (1, m3, m2, n); checked."""
     i = idx[0][np.arange(n3) % idx.shape[1]][:, np.arange(n2) % idx.shape[2]].astype(np.int64)
-    _check(what, np.count_nonzero((i < 0) | (i >= n_rows)), n_rows)
+    check_indices(what, np.count_nonzero((i < 0) | (i >= n_rows)), n_rows)
     return np.arange(n3)[:, None, None], np.arange(n2)[None, :, None], i
 
 
@@ -106,24 +101,6 @@ def _get_rows_supported(node):
     if is_quantized(a.type):
         return quant_ready(a.type) and a.nb[0] == type_size(a.type)
     return a.type in FLOAT_TYPES or a.type == Type.I32
-
-
-class _Checked:
-    """A plan step (called without arguments) that runs a row kernel and raises if it skipped rows
-    for their indices. From its second run on it calls the kernel's compiled entry point
-    (``table.compiled``), as the backend does for plain steps: through Numba's dispatcher and a
-    function of ours, the nine such steps of a 3.7M-model decode step took ~2.4 µs each."""
-
-    __slots__ = ("what", "kernel", "args", "n_rows", "bound")
-
-    def __init__(self, what, kernel, args, n_rows):
-        self.what, self.kernel, self.args, self.n_rows, self.bound = what, kernel, args, n_rows, False
-
-    def __call__(self):
-        bad = self.kernel(*self.args)
-        if not self.bound:
-            self.kernel, self.bound = compiled(self.kernel, self.args), True
-        _check(self.what, bad, self.n_rows)
 
 
 def _set_rows_q(qtype, b, idx, n_rows, dst):
@@ -137,10 +114,10 @@ def _set_rows_q(qtype, b, idx, n_rows, dst):
 def get_rows_forward(node, dst, srcs):
     a = node.src[0]
     if is_quantized(a.type):
-        return [(_Checked("get_rows", get_rows_q, (int(a.type), srcs[0], srcs[1], dst), a.ne[1]), ())]
+        return [(Checked("get_rows", get_rows_q, (int(a.type), srcs[0], srcs[1], dst), a.ne[1]), ())]
     # F32 and I32 rows are copied as they are; F16, BF16 converted to F32
     skind = KIND_RAW if a.type in (Type.F32, Type.I32) else KIND[a.type]
-    return [(_Checked("get_rows", get_rows, (as_bits(srcs[0]), skind, srcs[1], as_bits(dst), KIND_F32), a.ne[1]),
+    return [(Checked("get_rows", get_rows, (as_bits(srcs[0]), skind, srcs[1], as_bits(dst), KIND_F32), a.ne[1]),
              ())]
 
 
@@ -157,7 +134,7 @@ def _set_rows_supported(node):
 def set_rows_forward(node, dst, srcs):
     if is_quantized(node.type):
         return [(_set_rows_q, (node.type, srcs[0], srcs[1], node.ne[1], dst))]
-    return [(_Checked("set_rows", set_rows, (as_bits(srcs[0]), srcs[1], as_bits(dst), KIND[node.type]), node.ne[1]),
+    return [(Checked("set_rows", set_rows, (as_bits(srcs[0]), srcs[1], as_bits(dst), KIND[node.type]), node.ne[1]),
              ())]
 
 

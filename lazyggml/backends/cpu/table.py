@@ -118,3 +118,29 @@ def _arg_type(kernel, a):
     if t is None:
         t = _ARG_TYPES[fingerprint] = kernel.typeof_pyval(a)
     return t
+
+
+def check_indices(what, bad, n_rows):
+    """Raise for ``bad`` (a count) indices outside [0, n_rows) of op ``what``."""
+    if bad:
+        raise IndexError(f"{what}: {bad} indices out of range [0, {n_rows})")
+
+
+class Checked:
+    """A plan step (called without arguments) that runs a kernel returning how many of its indices
+    were out of range (it skips those rows) and raises if any were: indices are data, computed by
+    the graph, so they are checked at every run, not when the plan is made. From its second run on
+    it calls the kernel's compiled entry point (``compiled``), as the backend does for plain steps:
+    through Numba's dispatcher and a function of ours, the nine such steps of a 3.7M-model decode
+    step took ~2.4 µs each."""
+
+    __slots__ = ("what", "kernel", "args", "n_rows", "bound")
+
+    def __init__(self, what, kernel, args, n_rows):
+        self.what, self.kernel, self.args, self.n_rows, self.bound = what, kernel, args, n_rows, False
+
+    def __call__(self):
+        bad = self.kernel(*self.args)
+        if not self.bound:
+            self.kernel, self.bound = compiled(self.kernel, self.args), True
+        check_indices(self.what, bad, self.n_rows)

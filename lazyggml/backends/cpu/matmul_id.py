@@ -1,0 +1,204 @@
+"""GGML's MUL_MAT_ID on the CPU: each token's rows times the weight matrices of the experts it was
+routed to (the expert FFNs of a mixture-of-experts model).
+
+Shapes are NumPy's view of GGML's (reversed ``ne``)::
+
+    as   (1, n_expert, m, row)    one weight matrix per expert, rows as mul_mat's (matmul.py)
+    b    (1, n_tokens, n_b, k)    float32 activations; n_b is 1 (broadcast) or n_used
+    ids  (1, 1, n_tokens, n_used) int32 expert ids
+    dst  (1, n_tokens, n_used, m)
+
+    dst[0, t, e, :] = as[0, ids[t, e]] @ b[0, t, e % n_b]
+
+How it runs: the activation rows are converted once to the weights' ``vec_dot_type`` (quantized,
+or rounded to F16/BF16), each row's bytes in one run; then every (token, slot) pair is a
+mat-vec of its expert's rows by the mul_mat kernels (``dispatch.dot_rows``; two rows at a time
+through ``vec_dot.dot_pair_*`` for float weights), so each result element has the arithmetic of
+``mul_mat``'s, hence GGML's bits. The work is cut into tasks of (pair, ``RT`` rows) that threads
+take from a shared counter. A decode step routes a token to a few experts of many: only their
+rows are read. GGML groups a prompt's pairs by expert to reuse its rows over columns (tiles, as
+mul_mat's prefill); not done here yet: a prompt reads each used expert's rows once per token.
+
+An id outside [0, n_expert) skips its pair and makes the step raise ``IndexError`` (ids are
+computed by the graph, so they are checked at every run: ``table.Checked``).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from ...cache import tie_cache
+from ...ops import Op
+from ...types import Type, row_size, type_size
+from . import common, simd
+from . import dispatch as D
+from . import vec_dot as V
+from .common import FLOAT_TYPES, KIND, KIND_F16, KIND_F32
+from .matmul import PARALLEL_MIN_MACS, SUPPORTED_TYPES, round_acts, scratch, thread_scratch
+from .table import Checked, forward
+from .traits import TYPE_TRAITS_CPU
+
+_kernel = njit(cache=True)
+_parallel = njit(cache=True, parallel=True)
+
+RT = 64        # weight rows per task
+
+
+@_kernel
+def _quantize_rows(vtid, x4, xflat, yq, rs):
+    """Every activation row into ``yq``, ``rs`` bytes each, row after row: a contiguous x in one
+    call (rows are whole blocks), else row by row through a contiguous copy."""
+    if xflat.size:
+        D.from_float(vtid, xflat, yq)
+        return
+    tmp = np.empty(x4.shape[3], np.float32)
+    r = 0
+    for i2 in range(x4.shape[1]):
+        for i1 in range(x4.shape[2]):
+            tmp[:] = x4[0, i2, i1, :]
+            D.from_float(vtid, tmp, yq[r * rs:(r + 1) * rs])
+            r += 1
+
+
+@_kernel
+def _pair(as4, ids, dst, t):
+    """Task t -> (token, slot, expert, r0, r1): rows r0..r1 of one (token, slot) pair; expert -1
+    when its id is out of range."""
+    m = as4.shape[2]
+    n_rt = (m + RT - 1) // RT
+    p, r0 = t // n_rt, (t % n_rt) * RT
+    tok, e = p // dst.shape[2], p % dst.shape[2]
+    x = ids[0, 0, tok, e]
+    if x < 0 or x >= as4.shape[1]:
+        x = -1
+    return tok, e, x, r0, min(m, r0 + RT)
+
+
+@_kernel
+def _n_tasks(as4, dst):
+    return dst.shape[1] * dst.shape[2] * ((as4.shape[2] + RT - 1) // RT)
+
+
+@_kernel
+def _task_q(kid, n, as4, ids, yq, rs, n_b, dst, t):
+    """Task t of quantized weights (type id ``kid``; ``yq``: n_b quantized rows of ``rs`` bytes
+    per token). Returns 1 if its expert id is out of range (nothing computed; counted by the pair's
+    first task), else 0."""
+    tok, e, x, r0, r1 = _pair(as4, ids, dst, t)
+    if x < 0:
+        return 1 if r0 == 0 else 0     # counted once per pair
+    D.dot_rows(kid, n, as4, 0, x, r0, r1, yq, (tok * n_b + e % n_b) * rs, dst, 0, tok, e)
+    return 0
+
+
+@_kernel
+def _task_f(kind, n, as4, ids, yf, n_b, dst, t):
+    """Task t of float weights of element kind ``kind`` (``yf``: n_b float32 rows per token), two
+    rows at a time as mul_mat's; returns as ``_task_q``."""
+    tok, e, x, r0, r1 = _pair(as4, ids, dst, t)
+    if x < 0:
+        return 1 if r0 == 0 else 0     # counted once per pair
+    yo = (tok * n_b + e % n_b) * 4 * n
+    for r in range(r0, r1, 2):
+        xa, xb = as4[0, x, r], as4[0, x, min(r + 1, r1 - 1)]
+        if kind == KIND_F32:
+            s = V.dot_pair_f32(n, xa, xb, yf, yo)
+        elif kind == KIND_F16:
+            s = V.dot_pair_f16(n, xa, xb, yf, yo)
+        else:
+            s = V.dot_pair_bf16(n, xa, xb, yf, yo)
+        dst[0, tok, e, r] = s[0]
+        if r + 1 < r1:
+            dst[0, tok, e, r + 1] = s[3]
+    return 0
+
+
+@_kernel
+def _run_q(vtid, x4, xflat, yq, rs, kid, n, as4, ids, dst):
+    """Quantize the activations, then every task; returns the count of bad ids."""
+    _quantize_rows(vtid, x4, xflat, yq, rs)
+    bad = 0
+    for t in range(_n_tasks(as4, dst)):
+        bad += _task_q(kid, n, as4, ids, yq, rs, x4.shape[2], dst, t)
+    return bad
+
+
+@_parallel
+def _run_q_par(vtid, x4, xflat, yq, rs, kid, n, as4, ids, dst, nth, counter, bad):
+    """``_run_q`` with the tasks on ``nth`` threads, taken from ``counter[0]``; thread th counts
+    its bad ids in ``bad[th]``."""
+    _quantize_rows(vtid, x4, xflat, yq, rs)
+    ntasks = _n_tasks(as4, dst)
+    counter[0] = 0
+    nth = min(nth, ntasks)
+    for th in prange(nth):
+        bad[th] = 0
+        t = simd.fetch_add(counter, 0, 1)
+        while t < ntasks:
+            bad[th] += _task_q(kid, n, as4, ids, yq, rs, x4.shape[2], dst, t)
+            t = simd.fetch_add(counter, 0, 1)
+    return bad[:nth].sum()
+
+
+@_kernel
+def _run_f(kind, n, as4, ids, yf, n_b, dst):
+    bad = 0
+    for t in range(_n_tasks(as4, dst)):
+        bad += _task_f(kind, n, as4, ids, yf, n_b, dst, t)
+    return bad
+
+
+@_parallel
+def _run_f_par(kind, n, as4, ids, yf, n_b, dst, nth, counter, bad):
+    ntasks = _n_tasks(as4, dst)
+    counter[0] = 0
+    nth = min(nth, ntasks)
+    for th in prange(nth):
+        bad[th] = 0
+        t = simd.fetch_add(counter, 0, 1)
+        while t < ntasks:
+            bad[th] += _task_f(kind, n, as4, ids, yf, n_b, dst, t)
+            t = simd.fetch_add(counter, 0, 1)
+    return bad[:nth].sum()
+
+
+# the cache of every driver above also depends on these files (see lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, D.__file__, common.__file__, __file__)
+
+
+def mul_mat_id_steps(as4, wtype, b, ids, dst, nth):
+    """The plan steps that compute ``dst = mul_mat_id(as, b, ids)`` with ``nth`` threads."""
+    n_expert, m = as4.shape[1], as4.shape[2]
+    n_tokens, n_b, k = b.shape[1], b.shape[2], b.shape[3]
+    n_used = dst.shape[2]
+    if dst.size == 0:
+        return []
+    parallel = nth > 1 and n_tokens * n_used * m * k >= PARALLEL_MIN_MACS
+    par = (nth, thread_scratch("counter", 1, 1, np.int64)[0], thread_scratch("bad", nth, 1, np.int64)[:, 0]) \
+        if parallel else ()
+    what = "mul_mat_id: expert ids"
+    if wtype in FLOAT_TYPES:
+        kind = KIND[wtype]
+        yf = b if wtype == Type.F32 and b.flags.c_contiguous else scratch("xf_id", 4 * b.size).view(np.float32).reshape(b.shape)
+        steps = [] if yf is b else [(np.copyto, (yf, b)) if kind == KIND_F32 else (round_acts, (kind, b, yf))]
+        w = as4.view(np.uint16) if as4.dtype == np.float16 else as4
+        run = _run_f_par if parallel else _run_f
+        return steps + [(Checked(what, run, (kind, k, w, ids, yf.reshape(-1), n_b, dst) + par, n_expert), ())]
+    vt = TYPE_TRAITS_CPU[wtype].vec_dot_type
+    rs = row_size(vt, k)
+    yq = scratch("yq_id", rs * n_tokens * n_b)   # not mul_mat's "yq": that one may hold a row a later product reuses
+    xflat = b.reshape(-1) if b.flags.c_contiguous else np.empty(0, np.float32)
+    run = _run_q_par if parallel else _run_q
+    return [(Checked(what, run, (int(vt), b, xflat, yq, rs, int(wtype), k, as4, ids, dst) + par, n_expert), ())]
+
+
+def _supported(node):
+    a, b, ids = node.src[0], node.src[1], node.src[2]
+    return (a.type in SUPPORTED_TYPES and b.type == Type.F32 and ids.type == Type.I32 and node.type == Type.F32
+            and a.nb[0] == type_size(a.type))
+
+
+@forward(Op.MUL_MAT_ID, supports=_supported)
+def _forward_mul_mat_id(node, dst, srcs):
+    return mul_mat_id_steps(srcs[0], node.src[0].type, srcs[1], srcs[2], dst, numba.get_num_threads())
