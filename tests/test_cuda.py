@@ -693,8 +693,6 @@ if CHILD:
         "cpy(f32 -> i32, short rows)", "cpy(f32 -> i32, reshaped)", "cpy(i32 -> f32, short rows)",
         "cpy(i32 -> f32, reshaped)", "cpy(q4_0 -> q4_0)", "concat(dim=1, q8_0)",
         "flash_attn_ext(d=64, dv=40, n_kv=7, n_q=5, heads=4/4, kv f32, mask None)",
-        # mixture of experts: no CUDA kernels yet (the scheduler runs them on the CPU)
-        *(c.name for c in CASES if c.name.startswith(("mul_mat_id(", "argsort"))),
     }
 
     def test_sim_cuda_gaps_are_catalogue_cases():

@@ -227,11 +227,11 @@ class CUDADevice(Device):
 
     def offload_op(self, t):
         """GGML's rule: an op whose batch reaches 32 is worth running here even when its weights sit
-        in host memory. The batch is ``ne[1]`` for MUL_MAT, ``ne[2]`` (tokens) for ROPE, 0 for
-        GET_ROWS (a table lookup), else the rows of the result."""
+        in host memory. The batch is ``ne[1]`` for MUL_MAT, ``ne[2]`` (tokens) for ROPE and
+        MUL_MAT_ID, 0 for GET_ROWS (a table lookup), else the rows of the result."""
         if t.op in EMPTY_OPS or t.op == Op.GET_ROWS:
             return False
-        batch = t.ne[1] if t.op == Op.MUL_MAT else t.ne[2] if t.op == Op.ROPE else t.nrows()
+        batch = t.ne[1] if t.op == Op.MUL_MAT else t.ne[2] if t.op in (Op.ROPE, Op.MUL_MAT_ID) else t.nrows()
         return batch >= OFFLOAD_MIN_BATCH
 
     def init_backend(self):

@@ -13,7 +13,9 @@ transposed views (the attention products read the KV cache through them) need no
   16-byte load and each column's 8 values in two. On an H200 (m=4096, k=14336, n=1) the first
   kernel (2-byte loads, the row read once per column) took 115 µs; 16-byte weight loads with
   scalar column loads 66 µs; with the column's loads 16 bytes wide too, 30 µs, GGML's time:
-  the scalar loads, not the weights, had been the limit.
+  the scalar loads, not the weights, had been the limit. Built with ``moe`` (``mul_mat_vec_f_id``),
+  it computes MUL_MAT_ID: a block per (row, expert slot, token), the expert read from ``ids``
+  (2-byte weight loads: the 115 µs kind of kernel, a first version for float experts).
 * ``mul_mat_f`` (many columns): a classic shared-memory tiled GEMM. A block of 16×16 threads
   computes a 64×64 tile of dst; each k-step stages a 64×16 slab of src0 and of src1 in shared
   memory; thread (tx, ty) owns rows ``tx + 16·i`` and columns ``ty + 16·j`` (i, j < 4), so a
@@ -49,29 +51,46 @@ TK = 16
 TILE_PAD = TILE + 1   # shared rows padded by one float: no bank conflicts when threads walk k
 
 
-@jit_kernel()
-def mul_mat_vec_f(x, x_bf16, y, dst, ne00, ne01, s00, s01, s02, s03, s10, s11, s12, s13, ne12, r2, r3):
-    row = cuda.blockIdx.x
-    col = cuda.blockIdx.y
-    i23 = cuda.blockIdx.z
-    i2 = i23 % ne12
-    i3 = i23 // ne12
-    xb = (i3 // r3) * s03 + (i2 // r2) * s02 + row * s01
-    yb = i3 * s13 + i2 * s12 + col * s11
-    tid = cuda.threadIdx.x
-    s = F32_ZERO
-    for k in range(tid, ne00, cuda.blockDim.x):
-        v = x[xb + k * s00]
-        s += (bf16_to_float(v) if x_bf16 else numba.float32(v)) * y[yb + k * s10]
-    s = warp_reduce_sum(s, 32)
-    part = cuda.shared.array(32, numba.float32)
-    if tid % 32 == 0:
-        part[tid // 32] = s
-    cuda.syncthreads()
-    s = part[tid % 32] if tid % 32 < cuda.blockDim.x // 32 else F32_ZERO
-    s = warp_reduce_sum(s, 32)
-    if tid == 0:
-        dst[(i23 * cuda.gridDim.y + col) * ne01 + row] = s
+def _make_vec_f(moe):
+    MOE = moe     # a constant of the closure: the plain kernel has no ids code
+
+    @jit_kernel()
+    def mul_mat_vec_f(x, x_bf16, y, dst, ne00, ne01, s00, s01, s02, s03, s10, s11, s12, s13, ne12, r2, r3,
+                      ids, ids_s0, ids_s1, ne02, n_b):
+        row = cuda.blockIdx.x
+        col = cuda.blockIdx.y
+        i23 = cuda.blockIdx.z
+        if MOE:   # MUL_MAT_ID: col = the token's expert slot, i23 = the token; the expert from ids
+            expert = ids[col * ids_s0 + i23 * ids_s1]
+            if expert < 0 or expert >= ne02:
+                return      # an id out of range: nothing read, nothing written (GGML asserts)
+            xb = expert * s02 + row * s01
+            yb = i23 * s12 + (col % n_b) * s11    # b's row: the token's one, or the slot's
+        else:
+            i2 = i23 % ne12
+            i3 = i23 // ne12
+            xb = (i3 // r3) * s03 + (i2 // r2) * s02 + row * s01
+            yb = i3 * s13 + i2 * s12 + col * s11
+        tid = cuda.threadIdx.x
+        s = F32_ZERO
+        for k in range(tid, ne00, cuda.blockDim.x):
+            v = x[xb + k * s00]
+            s += (bf16_to_float(v) if x_bf16 else numba.float32(v)) * y[yb + k * s10]
+        s = warp_reduce_sum(s, 32)
+        part = cuda.shared.array(32, numba.float32)
+        if tid % 32 == 0:
+            part[tid // 32] = s
+        cuda.syncthreads()
+        s = part[tid % 32] if tid % 32 < cuda.blockDim.x // 32 else F32_ZERO
+        s = warp_reduce_sum(s, 32)
+        if tid == 0:
+            dst[(i23 * cuda.gridDim.y + col) * ne01 + row] = s
+
+    return mul_mat_vec_f
+
+
+mul_mat_vec_f = _make_vec_f(False)
+mul_mat_vec_f_id = _make_vec_f(True)
 
 
 _vec_h = {}
@@ -317,7 +336,8 @@ def launch_mul_mat_f(stream, x, s0, ne0, y, src1, dst):
             *s0[1:], *s1[1:], ne12, r2, r3)
     elif ne11 <= MMVF_MAX_COLS:
         mul_mat_vec_f[(ne01, ne11, ne12 * ne13), MMVF_THREADS, stream](
-            x, x.dtype == np.uint16, y, dst, ne00, ne01, *s0, *s1, ne12, r2, r3)
+            x, x.dtype == np.uint16, y, dst, ne00, ne01, *s0, *s1, ne12, r2, r3,
+            dst, 0, 0, 0, 1)     # no ids (the plain kernel never reads them)
     elif use_mma(x, s0, ne0):
         bf16 = x.dtype == np.uint16
         if bf16 not in _mma_kernels:
@@ -328,3 +348,16 @@ def launch_mul_mat_f(stream, x, s0, ne0, y, src1, dst):
     else:
         mul_mat_f[(cdiv(ne01, TILE), cdiv(ne11, TILE), ne12 * ne13), (16, 16), stream](
             x, y, dst, ne00, ne01, ne11, *s0, *s1, ne12, r2, r3)
+
+
+def launch_mul_mat_vec_f_id(stream, x, s0, ne0, y, src1, ids, ids_t, dst):
+    """``dst = mul_mat_id(src0, src1, ids)`` for float src0 (flat view ``x``, shape ``ne0`` [k, m,
+    n_expert], element strides ``s0``) and F32 src1 [k, n_b, n_tokens] (flat view ``y``), ids I32
+    [n_used, n_tokens] (flat view ``ids``): ``mul_mat_vec_f`` over the grid (row, slot, token), each
+    block on its pair's expert, whatever the number of tokens (GGML's ``mul_mat_f`` with ids tiles
+    a prompt's tokens per expert)."""
+    s1 = tuple(nb // 4 for nb in src1.nb)
+    n_used, n_tokens = ids_t.ne[0], ids_t.ne[1]
+    mul_mat_vec_f_id[(ne0[1], n_used, n_tokens), MMVF_THREADS, stream](
+        x, x.dtype == np.uint16, y, dst, ne0[0], ne0[1], *s0, *s1, n_tokens, 1, 1,
+        ids, ids_t.nb[0] // 4, ids_t.nb[1] // 4, ne0[2], src1.ne[1])

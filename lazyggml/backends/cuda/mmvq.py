@@ -38,6 +38,11 @@ H200: n = 8 went from 94 to 64 µs, n = 1 from 11.5 to 9.9 µs).
 **Reduction.** Each lane keeps two partial sums; a butterfly over its group's lanes
 (``warp_reduce_sum`` with the group's width) adds them, and the group's first lane writes.
 
+**MUL_MAT_ID** (``launch_mmvq_id``): the one-column kernel built with ``moe``, laid out as GGML's
+(``ncols_dst = 1`` with ids): grid y walks a token's expert slots and z its tokens; each CUDA
+block reads its pair's expert id on the device and skips the pair when the id is out of range.
+Built without ``moe``, the kernel has no ids code (a constant of the closure: compiled out).
+
 Weights come as two views of the same bytes: ``int32`` (``uint16`` for the 2-byte aligned Q8_0,
 Q4_0, Q5_0 and IQ4_NL blocks) for quants and scales, and ``float16`` for the block scales
 ``d``/``dmin``; the q8_1 activations likewise (``int32`` and ``float16``), all 2-D with one row
@@ -533,30 +538,39 @@ ALIGN = {Type.Q4_K: 16, Type.Q5_K: 16, Type.IQ4_XS: 8}
 _kernels = {}
 
 
-def _make_kernel(type_, ncols):
+def _make_kernel(type_, ncols, moe):
     vec_dot, qk, qi, vdr, _ = VEC_DOT[type_]
     lanes_per_col = 32 // next_pow2(ncols)
     lanes = qi // vdr                       # lanes per weight block
     blocks_per_iter = lanes_per_col // lanes
     y_per_x = qk // QK8_1
     nwarps = MMVQ_NWARPS
+    MOE = moe                               # a constant of the closure: the plain kernel has no ids code
 
     @jit_kernel()
     def mul_mat_vec_q(vx, vx_h, vy, vy_h, dst, blocks_per_row, nrows_x, stride_row_x, stride_col_y,
                       stride_col_dst, channel_ratio, stride_channel_x, stride_channel_y,
                       stride_channel_dst, sample_ratio, stride_sample_x, stride_sample_y,
-                      stride_sample_dst):
+                      stride_sample_dst, ids, ids_s0, ids_s1, nchannels_x, nchannels_y):
         lane = cuda.threadIdx.x
         row0 = MMVQ_ROWS * (nwarps * cuda.blockIdx.x + cuda.threadIdx.y)
         if row0 >= nrows_x:
             return
         channel_dst = np.uint32(cuda.blockIdx.y)
         sample_dst = np.uint32(cuda.blockIdx.z)
-        x0 = np.uint32(sample_dst // np.uint32(sample_ratio)) * stride_sample_x \
-            + np.uint32(channel_dst // np.uint32(channel_ratio)) * stride_channel_x
+        if MOE:     # MUL_MAT_ID: channel = the token's expert slot, sample = the token
+            expert = ids[channel_dst * ids_s0 + sample_dst * ids_s1]
+            if expert < 0 or expert >= nchannels_x:
+                return      # an id out of range: nothing read, nothing written (GGML asserts)
+            x0 = np.uint32(expert) * stride_channel_x
+            channel_y = channel_dst % np.uint32(nchannels_y)   # b's row: the token's one, or the slot's
+        else:
+            x0 = np.uint32(sample_dst // np.uint32(sample_ratio)) * stride_sample_x \
+                + np.uint32(channel_dst // np.uint32(channel_ratio)) * stride_channel_x
+            channel_y = channel_dst
         j = lane // lanes_per_col
         jc = min(j, ncols - 1)                  # lanes past the last column repeat it, unwritten
-        y0 = sample_dst * stride_sample_y + channel_dst * stride_channel_y + jc * stride_col_y
+        y0 = sample_dst * stride_sample_y + channel_y * stride_channel_y + jc * stride_col_y
         d0 = sample_dst * stride_sample_dst + channel_dst * stride_channel_dst + jc * stride_col_dst + row0
 
         xr0 = x0 + row0 * stride_row_x
@@ -589,10 +603,10 @@ MMVQ_NWARPS = 4      # warps per CUDA block, each on its own rows
 MMVQ_ROWS = 2        # rows per warp: the kernel is written for two (acc0, acc1)
 
 
-def get_kernel(type_, ncols):
-    k = _kernels.get((type_, ncols))
+def get_kernel(type_, ncols, moe=False):
+    k = _kernels.get((type_, ncols, moe))
     if k is None:
-        k = _kernels[(type_, ncols)] = _make_kernel(type_, ncols)
+        k = _kernels[(type_, ncols, moe)] = _make_kernel(type_, ncols, moe)
     return k
 
 
@@ -608,4 +622,26 @@ def launch_mmvq(stream, type_, vx, vx_h, vy, vy_h, dst, src0, dst_t):
     get_kernel(type_, ncols)[grid, (32, MMVQ_NWARPS), stream](
         vx, vx_h, vy, vy_h, dst, ne00 // qk, ne01, src0.nb[1] // bs, yrow,
         ne01, ne2 // ne02, src0.nb[2] // bs, ncols * yrow, ne01 * ncols,
-        ne3 // ne03, src0.nb[3] // bs, ne2 * ncols * yrow, ne01 * ncols * ne2)
+        ne3 // ne03, src0.nb[3] // bs, ne2 * ncols * yrow, ne01 * ncols * ne2,
+        dst, 0, 0, 0, 1)                              # no ids (the plain kernel never reads them)
+
+
+def launch_mmvq_id(stream, type_, vx, vx_h, vy, vy_h, dst, src0, src1, ids, ids_t):
+    """``mul_mat_id(src0, src1, ids)`` (src0 [k, m, n_expert], src1 [k, n_b, n_tokens], ids I32
+    [n_used, n_tokens] read through the flat view ``ids``) with src1 quantized to q8_1 in ``vy``/
+    ``vy_h``: the one-column kernel with GGML's MUL_MAT_ID layout, a CUDA block's grid y the expert
+    slot and z the token (``mul_mat_vec_q`` with ``ids``; GGML's ``is_multi_token_id`` for several
+    tokens). Each (token, slot) pair reads its expert's rows: for a prompt the experts' rows are
+    read once per token that uses them (GGML's mmq with ids groups the tokens by expert)."""
+    qk = VEC_DOT[type_][1]
+    ne00, ne01, n_expert = src0.ne[0], src0.ne[1], src0.ne[2]
+    n_b, n_tokens = src1.ne[1], src1.ne[2]
+    n_used = ids_t.ne[0]
+    bs = src0.nb[0]
+    yrow = round_up(ne00, MATRIX_ROW_PADDING) // QK8_1   # q8_1 blocks per src1 row
+    grid = (cdiv(ne01, MMVQ_NWARPS * MMVQ_ROWS), n_used, n_tokens)
+    get_kernel(type_, 1, moe=True)[grid, (32, MMVQ_NWARPS), stream](
+        vx, vx_h, vy, vy_h, dst, ne00 // qk, ne01, src0.nb[1] // bs, yrow,
+        ne01, 1, src0.nb[2] // bs, yrow, ne01,
+        1, 0, n_b * yrow, ne01 * n_used,
+        ids, ids_t.nb[0] // 4, ids_t.nb[1] // 4, n_expert, n_b)

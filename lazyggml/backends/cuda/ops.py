@@ -24,6 +24,19 @@ Fusion (``fuse``, applied once per graph by the backend): RMS_NORM or NORM follo
 of its result by a weight row is one launch, and so is an ADD whose sum that norm normalises
 (the residual stream: the sum is still written, for the next residual add).
 
+MUL_MAT_ID (a mixture of experts' products; GGML's ``ggml_cuda_mul_mat_id``): quantized weights of
+``mmvq.VEC_DOT`` take **mmvq with ids** (``launch_mmvq_id``: src1 quantized to q8_1 as for
+MUL_MAT, shared with the other products of the same src1, then one kernel over every (token,
+slot) pair, the expert read from ``ids`` on the device: no host sync, so a decode step stays one
+CUDA graph); float weights the ``mul_mat_vec_f`` kernel with ids; other quantized weights (or
+views mmvq cannot read) are dequantized whole to F32 first. GGML takes mmvq up to 8 tokens, then
+mmq (quantized) or ``mul_mat_f`` (float) with ids, which group a prompt's tokens by expert so
+that each expert's rows are read once per tile of tokens; here every pair reads its expert's
+rows, whatever the number of tokens. An id outside [0, n_expert) skips its pair (its result is
+left as it was; GGML asserts, the CPU raises).
+
+ARGSORT sorts rows of up to ``reduce.ARGSORT_MAX`` values (bitonic, in shared memory).
+
 mmvq needs its tensor at a 4-byte aligned offset (int32 views, flat for Q3_K and Q6_K),
 16-byte for Q4_K and Q5_K, 8-byte for IQ4_XS (their wide loads: ``mmvq.ALIGN``); a view
 elsewhere takes the dequantize path.
@@ -34,8 +47,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops import (Op, clamp_params, concat_dim, diag_mask_n_past, flash_attn_params, glu_params, norm_eps,
-                    pad_params, rope_params, scale_params, soft_max_alibi, soft_max_params, unary_op)
+from ...ops import (Op, SortOrder, clamp_params, concat_dim, diag_mask_n_past, flash_attn_params, glu_params,
+                    norm_eps, pad_params, rope_params, scale_params, soft_max_alibi, soft_max_params, sort_order,
+                    unary_op)
 from ...tensor import FLAG_OUTPUT
 from ...types import Type, blck_size, is_quantized, type_size
 from .table import forward
@@ -44,14 +58,14 @@ from .dequant import QUANT_TYPES, launch_dequantize, rows_grid, rows_kernel
 from .fattn import MAX_D, launch_fattn
 from .elementwise import (BINARY_CODE, BLOCK, GLU_OPS, UNARY_CODE, UNARY_OPS, binary, copy, glu, grid_rows, scale,
                           unary)
-from .matmul import MMVF_MAX_COLS, launch_mul_mat_f, use_mma
+from .matmul import MMVF_MAX_COLS, launch_mul_mat_f, launch_mul_mat_vec_f_id, use_mma
 from .mmq import launch_mmq
-from .mmvq import ALIGN, MMVQ_MAX_BATCH_SIZE, VEC_DOT, launch_mmvq
+from .mmvq import ALIGN, MMVQ_MAX_BATCH_SIZE, VEC_DOT, launch_mmvq, launch_mmvq_id
 from .norm import launch_norm
 from .quantize import launch_quantize_mmq_q8_1, launch_quantize_q8_1, mmq_q8_1_bytes, q8_1_bytes
 from .rope import launch_rope
 from .rows import get_rows_f, set_rows
-from .reduce import R_MEAN, R_SUM, R_SUM_ROWS, launch_argmax, launch_reduce
+from .reduce import ARGSORT_MAX, R_MEAN, R_SUM, R_SUM_ROWS, launch_argmax, launch_argsort, launch_reduce
 from .setq import QUANTIZE, rows_kernel as quantize_rows_kernel
 from .shape import BITS, concat, pad, repeat
 from .softmax import diag_mask_inf, launch_soft_max
@@ -98,17 +112,8 @@ def mul_mat(be, node):
     y = be.view(b, np.float32)
     sb = elem_strides(b)[1:]
     ncols = b.ne[1]
-    nrows_b = b.ne[1] * b.ne[2] * b.ne[3]
-    if a.type in VEC_DOT and ncols <= MMVQ_MAX_BATCH_SIZE and a.offset % ALIGN.get(a.type, 4) == 0:
-        n = q8_1_bytes(b.ne[0], nrows_b)
-        if be.q8_of != ("vec", b, n):   # q, k and v (gate and up) multiply the same activations
-            launch_quantize_q8_1(s, y, be.scratch("q8", n, np.int8), be.scratch("q8", n, np.float16), b.ne, sb)
-            be.q8_of = ("vec", b, n)
-        dt, bs = VEC_DOT[a.type][4], type_size(a.type)    # weights and q8_1: one row per block
-        isz = np.dtype(dt).itemsize                       # (flat when a block is not whole words)
-        vx, vx_h = be.view(a, dt, cols=bs // isz if bs % isz == 0 else None), be.view(a, np.float16, cols=bs // 2)
-        vy, vy_h = be.scratch("q8", n, np.int32, Q8_1_INTS), be.scratch("q8", n, np.float16, 2 * Q8_1_INTS)
-        launch_mmvq(s, a.type, vx, vx_h, vy, vy_h, dst, a, node)
+    if ncols <= MMVQ_MAX_BATCH_SIZE and _mmvq_reads(a):
+        launch_mmvq(s, a.type, *_mmvq_operands(be, a, b), dst, a, node)
     elif a.type == Type.Q4_K:
         n = mmq_q8_1_bytes(b.ne[0], ncols, b.ne[2] * b.ne[3])
         vy, vy_h = be.scratch("q8", n, np.int32), be.scratch("q8", n, np.float16)
@@ -132,6 +137,52 @@ def mul_mat(be, node):
         launch_mul_mat_f(s, x, s0, ne, y, b, dst)
     else:
         launch_mul_mat_f(s, be.view(a, DTYPE[a.type]), elem_strides(a), a.ne, y, b, dst)
+
+
+def _mmvq_reads(a):
+    """Can mmvq read the weights ``a`` (a type it has, at the offset its loads need)?"""
+    return a.type in VEC_DOT and a.offset % ALIGN.get(a.type, 4) == 0
+
+
+def _mmvq_operands(be, a, b):
+    """mmvq's views of the weights ``a`` and of the F32 ``b`` quantized to q8_1 in the "q8" work
+    area: quantized here unless the last product did it for the same ``b`` (a layer's q, k and v,
+    or gate and up, multiply the same activations)."""
+    n = q8_1_bytes(b.ne[0], b.ne[1] * b.ne[2] * b.ne[3])
+    if be.q8_of != ("vec", b, n):
+        launch_quantize_q8_1(be.stream, be.view(b, np.float32), be.scratch("q8", n, np.int8),
+                             be.scratch("q8", n, np.float16), b.ne, elem_strides(b)[1:])
+        be.q8_of = ("vec", b, n)
+    dt, bs = VEC_DOT[a.type][4], type_size(a.type)    # weights and q8_1: one row per block
+    isz = np.dtype(dt).itemsize                       # (flat when a block is not whole words)
+    return (be.view(a, dt, cols=bs // isz if bs % isz == 0 else None), be.view(a, np.float16, cols=bs // 2),
+            be.scratch("q8", n, np.int32, Q8_1_INTS), be.scratch("q8", n, np.float16, 2 * Q8_1_INTS))
+
+
+# -- MUL_MAT_ID --------------------------------------------------------------------------------------
+def _supports_mul_mat_id(node):
+    a, b, ids = node.src[0], node.src[1], node.src[2]
+    return (b.type == F32 and b.nb[0] == 4 and node.type == F32 and ids.type == Type.I32
+            and all(nb % 4 == 0 for nb in ids.nb) and ids.ne[0] <= 65535 and ids.ne[1] <= 65535   # grid y, z
+            and (a.type in STORE_TYPES or a.type in QUANT_TYPES) and _packed(a))
+
+
+@forward(Op.MUL_MAT_ID, supports=_supports_mul_mat_id)
+def mul_mat_id(be, node):
+    a, b, ids = node.src[0], node.src[1], node.src[2]
+    s = be.stream
+    dst, vids = be.view(node, np.float32), be.view(ids, np.int32)
+    if _mmvq_reads(a):
+        launch_mmvq_id(s, a.type, *_mmvq_operands(be, a, b), dst, a, b, vids, ids)
+        return
+    ne = a.ne
+    if is_quantized(a.type):    # every expert to F32 (rare: mmvq reads all but misaligned views)
+        x = be.scratch("dequant", 4 * a.nelements(), np.float32)
+        launch_dequantize(s, be.view(a, np.uint8), be.view(a, np.float16), x, a)
+        s0 = (1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2])
+    else:
+        x, s0 = be.view(a, DTYPE[a.type]), elem_strides(a)
+    launch_mul_mat_vec_f_id(s, x, s0, ne, be.view(b, np.float32), b, vids, ids, dst)
 
 
 # -- element-wise ----------------------------------------------------------------------------------
@@ -316,6 +367,14 @@ def reduce_op(be, node):
 def argmax_op(be, node):
     a = node.src[0]
     launch_argmax(be.stream, be.view(a, np.float32), be.view(node, np.int32), a)
+
+
+@forward(Op.ARGSORT, supports=lambda n: (n.type == Type.I32 and n.src[0].type == F32
+                                         and n.src[0].ne[0] <= ARGSORT_MAX))
+def argsort_op(be, node):
+    a = node.src[0]
+    launch_argsort(be.stream, be.view(a, np.float32), be.view(node, np.int32), sort_order(node) == SortOrder.DESC,
+                   a, node)
 
 
 # -- norms, soft_max, rope -------------------------------------------------------------------------
