@@ -10,8 +10,10 @@ Models:
 * ``default``: the embedded model, ``lazyggml/data/default.gguf`` (3.7M parameters, Q4_K_M mix);
 * ``llama-125m``: a random-weight llama written by ``lazyggml.testing.make_tiny_llama`` with the
   Q4_K_M mix (Q4_K, Q6_K), or with every matrix in one type (``llama-125m:q5_0``, ``:q4_1``, ...): n_embd 768, 12 layers, 12 heads, 4 KV heads, n_ff 2048, n_vocab 32000
-  (76M parameters in the layers, 125M with the embeddings and the output).
-  Written once into ``--model-dir`` (a temporary folder unless given) and reused from there.
+  (76M parameters in the layers, 125M with the embeddings and the output);
+* ``moe-8x2``: a random-weight Qwen3-MoE (``make_tiny_model(arch="qwen3moe")``, Q4_K_M mix): n_embd
+  512, 8 layers, 8 heads of 64, 4 KV heads, 8 experts of 768 of which each token uses 2, n_vocab 16000.
+Random models are written once into ``--model-dir`` (a temporary folder unless given) and reused from there.
 
 Each engine loads the model once with the same context, thread count (``--threads``, 2) and
 attention (``--flash-attn``: ``on``, fused, the default of lazyggml and of llama.cpp's own tools;
@@ -80,6 +82,10 @@ from lazyggml.models.hparams import HParams  # noqa: E402
 N_CTX = 512
 N_WARMUP_DECODE = 8
 BIG = dict(n_layer=12, n_embd=768, n_head=12, n_head_kv=4, n_ff=2048, n_vocab=32000, n_ctx=512, seed=0)
+# a small Qwen3-MoE: 8 experts of 768, 2 used per token (issue 20's MoE target)
+MOE = dict(arch="qwen3moe", n_layer=8, n_embd=512, n_head=8, n_head_kv=4, head_dim=64, n_ff=1536, n_ff_exp=768,
+           n_expert=8, n_expert_used=2, n_vocab=16000, n_ctx=512, seed=0)
+RANDOM_MODELS = {"llama-125m": BIG, "moe-8x2": MOE}
 DEFAULT_LLAMA_PYTHONS = ("/tmp/llvenv/bin/python",)
 
 # One engine in a child process: loads the model, warms up, then one run per "run" line on stdin,
@@ -359,7 +365,8 @@ def main():
     ap.add_argument("--load", type=int, default=0, metavar="N",
                     help="N busy processes beside both engines during the timed runs (default 0: idle)")
     ap.add_argument("--models", default="default,llama-125m",
-                    help="comma-separated: default, llama-125m (Q4_K_M), llama-125m:TYPE (every matrix TYPE, e.g. q5_0)")
+                    help="comma-separated: default, llama-125m (Q4_K_M), llama-125m:TYPE (every matrix TYPE, "
+                         "e.g. q5_0), moe-8x2 (Q4_K_M)")
     ap.add_argument("--flash-attn", choices=("on", "off"), default="on",
                     help="both engines with fused attention (on: lazyggml's default and llama.cpp's -fa auto on "
                          "the CPU) or without (off: llama-cpp-python's default)")
@@ -380,7 +387,7 @@ def main():
     for name in models:
         if name == "default":
             path = os.path.join(ROOT, "lazyggml", "data", "default.gguf")
-        elif name.split(":")[0] == "llama-125m":
+        elif name.split(":")[0] in RANDOM_MODELS:
             if args.model_dir:
                 os.makedirs(args.model_dir, exist_ok=True)
                 d = args.model_dir
@@ -393,11 +400,12 @@ def main():
                 sys.exit(f"unknown weight type {wtype!r} in model {name!r}; "
                          f"known: {', '.join(t.name.lower() for t in lg.types.WEIGHT_TYPES)}")
             types = None if wtype is None else {"*norm*": lg.F32, "*.weight": lg.Type[wtype.upper()]}
-            path = os.path.join(d, f"llama-125m-{mix}-seed{{seed}}.gguf".format(**BIG))
+            kw = RANDOM_MODELS[name.split(":")[0]]
+            path = os.path.join(d, f"{name.split(':')[0]}-{mix}-seed{kw['seed']}.gguf")
             if not os.path.exists(path):
-                from lazyggml.testing import make_tiny_llama
+                from lazyggml.testing import make_tiny_model
                 t0 = time.perf_counter()
-                make_tiny_llama(path + ".part", types=types, **BIG)
+                make_tiny_model(path + ".part", types=types, **kw)
                 os.replace(path + ".part", path)
                 print(f"wrote {path} in {time.perf_counter() - t0:.1f} s")
         else:

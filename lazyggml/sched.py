@@ -44,8 +44,9 @@ of GGML's ``GGML_SCHED_DEBUG``, except that the cause of each placement is fille
 causes out of release builds and prints 8 blanks there; the field keeps its width).
 
 Differences from GGML: maps are dicts keyed by tensor identity, so ``graph_size`` bounds nothing;
-the MoE shortcut that copies only the used experts of a ``MUL_MAT_ID`` weight is left out because
-no lazyggml backend runs ``MUL_MAT_ID``; every input copy is a plain copy; an input in host
+the MoE shortcut that copies only the used experts of a host ``MUL_MAT_ID`` weight (GGML reads the
+ids back first) is not done yet: such a weight, offloaded with a batch of 32 tokens or more (CUDA's
+``offload_op``), is copied whole; every input copy is a plain copy; an input in host
 memory going to a backend whose ``set_tensor_async`` has the bytes when it returns
 (``host_copy_snapshots``, CUDA) is uploaded on that backend's stream without any wait, where GGML
 waits for the backend and copies synchronously (a Python wait costs more than GGML's).

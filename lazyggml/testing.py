@@ -54,6 +54,11 @@ fine for a test: the tokenizer, the file and the kernels are what we check. Hell
 cat sat on the mat. 1, 2, 3 and 10, 20, 30: numbers are text as well. Isn't it? It's true.
 """
 
+# control tokens of a family's SentencePiece vocabulary beside <unk>, <s> and </s>: Phi-3's end of
+# text and of a turn (llama.cpp's vocabulary loader looks up <|endoftext|> in a model named phi3),
+# Gemma's turn markers (its end of generation)
+_FAMILY_SPECIALS = {"phi3": ("<|endoftext|>", "<|end|>"), "gemma3": ("<start_of_turn>", "<end_of_turn>")}
+
 # byte values that never occur in UTF-8 text: 0xC0, 0xC1 (overlong lead bytes) and 0xF5..0xFF
 _NOT_IN_UTF8 = frozenset({0xC0, 0xC1} | set(range(0xF5, 0x100)))
 _MIN_PIECES = 16  # normal pieces to keep before dropping the 13 byte tokens above
@@ -66,11 +71,11 @@ def _use_more_bits(i_layer: int, n_layer: int) -> bool:
 
 def q4_k_m_type(name: str, ne: tuple, n_layer: int, tied_output: bool = False) -> Type:
     """The type llama-quantize gives tensor ``name`` (shape ``ne``, GGML order) in a Q4_K_M file."""
-    if len(ne) == 1:
+    if len(ne) == 1 or "ffn_gate_inp" in name:   # norms, biases and the MoE router are not quantized
         return Type.F32
     if name == "output.weight" or (tied_output and name == "token_embd.weight"):
         t = Type.Q6_K if ne[0] % QK_K == 0 else Type.Q8_0
-    elif name.endswith(("attn_v.weight", "ffn_down.weight")):
+    elif name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")):
         t = Type.Q6_K if _use_more_bits(int(name.split(".")[1]), n_layer) else Type.Q4_K
     else:
         t = Type.Q4_K
@@ -149,9 +154,9 @@ def _spm_vocab(n_vocab: int):
     return tokens, scores, types
 
 
-def _gpt2_vocab(n_vocab: int, pre: str):
+def _gpt2_vocab(n_vocab: int, pre: str, extra_special=()):
     """tokens, token types, merges of a GPT-2 byte-level BPE vocabulary of ``n_vocab`` tokens."""
-    specials = ["<|begin_of_text|>", "<|end_of_text|>"]
+    specials = [*extra_special, "<|begin_of_text|>", "<|end_of_text|>"]
     alphabet = sorted((BYTE_TO_UNICODE[b] for b in _byte_values(n_vocab - len(specials))), key=ord)
     words = Counter(tuple(byte_encode(w)) for w in pre_tokenize(_CORPUS, pre))
     merges = _train_bpe(words, set(alphabet), n_vocab - len(specials) - len(alphabet))
@@ -197,25 +202,38 @@ def _resolve_type(name, ne, types, n_layer, tie_output) -> Type:
 
 def make_tiny_model(path, *, arch="llama", n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=256,
                     n_ctx=128, head_dim=None, types=None, seed=0, vocab=None, tokenizer_pre=None,
-                    tie_output=False, rms_eps=1e-5, rope_freq_base=10000.0, distinct_rows=None):
+                    tie_output=False, rms_eps=1e-5, rope_freq_base=10000.0, distinct_rows=None,
+                    chat_template=None, extra_special=(), n_swa=0, swa_pattern=None, rope_scaling_factor=None,
+                    rope_factors_ctx=None, n_expert=0, n_expert_used=0, n_ff_exp=None):
     """Write a random-weight GGUF file of architecture ``arch`` (``"llama"``, ``"qwen2"``,
-    ``"qwen3"``: ``models.archs``) to ``path`` and return ``path``.
+    ``"qwen3"``, ``"gemma3"``, ``"phi3"``, ``"qwen3moe"``: ``models.archs``) to ``path`` and return ``path``.
 
     ``head_dim``: the size of an attention head (default ``n_embd / n_head``; another value is
     written as ``attention.key_length``/``value_length``, as Qwen3's files have it). ``types``:
     tensor-name pattern (``fnmatch``, e.g. ``"blk.*.ffn_*"`` or ``"*"``) -> GGML type (``Type``, id
     or name such as ``"q8_0"``); the first matching pattern wins and unmatched tensors get their
-    Q4_K_M type (module docstring). ``vocab``: ``"llama"`` (SentencePiece; LLaMA's default) or
-    ``"gpt2"`` (byte-level BPE with ``tokenizer.ggml.pre = tokenizer_pre``, e.g. ``"llama-bpe"``,
-    ``"qwen2"`` (Qwen's default) or ``"default"``). ``tie_output``: leave out ``output.weight``
+    Q4_K_M type (module docstring). ``vocab``: ``"llama"`` (SentencePiece; the default of LLaMA,
+    Gemma 3 and Phi-3, the last two with their turn tokens last) or ``"gpt2"`` (byte-level BPE
+    with ``tokenizer.ggml.pre = tokenizer_pre``, e.g. ``"llama-bpe"``, ``"qwen2"`` (Qwen's
+    default) or ``"default"``). ``tie_output``: leave out ``output.weight``
     (the output projection is then ``token_embd.weight``, which gets the output's type).
     ``distinct_rows``: draw and quantize only that many rows of each matrix and repeat them (speed
     benchmarks of 8B shapes: the file is written in seconds instead of minutes; kernels read every
-    byte either way). Norm weights scatter around 1, biases around 0. The same arguments give the
-    same bytes.
+    byte either way). ``chat_template``: a Jinja text written as ``tokenizer.chat_template``;
+    ``extra_special``: more control tokens (e.g. ``"<|im_start|>"``, ``"<|im_end|>"``) put before
+    the BOS and EOS of a ``"gpt2"`` vocabulary. ``n_swa``, ``swa_pattern``: Gemma 3's sliding window
+    (``attention.sliding_window``) and, when given, ``attention.sliding_window_pattern`` (a period,
+    or per-layer flags). ``rope_scaling_factor``: linear RoPE scaling (``rope.scaling.factor``, as
+    Gemma 3 4B and larger have on their global layers). ``rope_factors_ctx``: Phi-3's LongRoPE, an
+    original context (``rope.scaling.original_context_length``) with ``rope_factors_long``/``_short``
+    and ``rope.scaling.attn_factor`` as Phi-3's converter computes it. ``n_expert``, ``n_expert_used``,
+    ``n_ff_exp``: a mixture of experts in every layer (``"llama"`` as Mixtral, whose experts are
+    ``n_ff`` wide, or ``"qwen3moe"``, whose width ``n_ff_exp`` (default ``n_ff``) is written as
+    ``expert_feed_forward_length``).
+    Norm weights scatter around 1, biases around 0. The same arguments give the same bytes.
     """
     get_arch(arch)
-    vocab = vocab or ("llama" if arch == "llama" else "gpt2")
+    vocab = vocab or ("llama" if arch in ("llama", "gemma3", "phi3") else "gpt2")   # SentencePiece in Gemma, Phi
     tokenizer_pre = tokenizer_pre or ("llama-bpe" if arch == "llama" else "qwen2")
     head = head_dim or n_embd // n_head
     if (head_dim is None and n_embd % n_head) or n_head % n_head_kv or head % 2:
@@ -225,7 +243,10 @@ def make_tiny_model(path, *, arch="llama", n_layer=2, n_embd=64, n_head=4, n_hea
     hp = HParams(arch=arch, n_vocab=n_vocab, n_ctx_train=n_ctx, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff,
                  n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=head, n_embd_head_v=head, n_rot=head,
                  f_norm_rms_eps=rms_eps, rope_freq_base=rope_freq_base, rope_scaling_type="linear",
-                 rope_freq_scale=1.0, n_ctx_orig_yarn=n_ctx)
+                 rope_freq_scale=1.0, n_ctx_orig_yarn=n_ctx, n_expert=n_expert, n_expert_used=n_expert_used,
+                 n_ff_exp=(n_ff_exp or n_ff) if n_expert else 0)
+    if n_expert and arch == "llama" and hp.n_ff_exp != n_ff:
+        raise ValueError(f"n_ff_exp={n_ff_exp}: a llama model's experts are n_ff={n_ff} wide (llama.cpp)")
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"lazyggml tiny {arch}")
@@ -233,6 +254,11 @@ def make_tiny_model(path, *, arch="llama", n_layer=2, n_embd=64, n_head=4, n_hea
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
     w.add_feed_forward_length(n_ff)
+    if n_expert:
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        if arch != "llama":
+            w.add_expert_feed_forward_length(hp.n_ff_exp)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_rope_dimension_count(head)
@@ -241,13 +267,28 @@ def make_tiny_model(path, *, arch="llama", n_layer=2, n_embd=64, n_head=4, n_hea
         w.add_value_length(head)
     w.add_rope_freq_base(rope_freq_base)
     w.add_layer_norm_rms_eps(rms_eps)
+    if n_swa:
+        w.add_sliding_window(n_swa)
+    if swa_pattern is not None:
+        w.add_sliding_window_pattern(swa_pattern)
+    if rope_scaling_factor is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope_scaling_factor)
+    if rope_factors_ctx is not None:
+        w.add_rope_scaling_orig_ctx_len(rope_factors_ctx)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(n_ctx / rope_factors_ctx) / math.log(rope_factors_ctx)))
     w.add_vocab_size(n_vocab)
     if not types:
         w.add_file_type(LLAMA_FTYPE_MOSTLY_Q4_K_M)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
     if vocab == "llama":
+        if extra_special:
+            raise ValueError("extra_special is for vocab='gpt2'")
         tokens, scores, token_types = _spm_vocab(n_vocab)
+        for i, t in enumerate(_FAMILY_SPECIALS.get(arch, ())):   # the last ids, as added tokens are
+            j = n_vocab - len(_FAMILY_SPECIALS[arch]) + i
+            tokens[j], scores[j], token_types[j] = t, 0.0, TokenType.CONTROL
         w.add_tokenizer_model("llama")
         w.add_token_list(tokens)
         w.add_token_scores(scores)
@@ -256,7 +297,7 @@ def make_tiny_model(path, *, arch="llama", n_layer=2, n_embd=64, n_head=4, n_hea
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
     elif vocab == "gpt2":
-        tokens, token_types, merges = _gpt2_vocab(n_vocab, tokenizer_pre)
+        tokens, token_types, merges = _gpt2_vocab(n_vocab, tokenizer_pre, extra_special)
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre(tokenizer_pre)
         w.add_token_list(tokens)
@@ -268,12 +309,19 @@ def make_tiny_model(path, *, arch="llama", n_layer=2, n_embd=64, n_head=4, n_hea
         raise ValueError(f"vocab must be 'llama' or 'gpt2', not {vocab!r}")
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
-    for name, ne in _tensor_shapes(hp, tie_output).items():
+    shapes = _tensor_shapes(hp, tie_output)
+    if rope_factors_ctx is not None:
+        shapes.update({f"rope_factors_{r}.weight": (head // 2,) for r in ("long", "short")})
+    for name, ne in shapes.items():
         t = _resolve_type(name, ne, types, n_layer, tie_output)
         shape = tuple(reversed(ne))  # NumPy order
         if name.endswith(".bias"):
             x = 0.5 * rng.standard_normal(shape, dtype=np.float32)
+        elif name.startswith("rope_factors_"):   # LongRoPE slows the rotations: factors >= 1, more for long
+            x = 1.0 + rng.random(shape, dtype=np.float32) * np.float32(4.0 if "long" in name else 0.2)
         elif len(ne) == 1:  # norm weights scatter around 1
             x = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
         else:             # y = W x keeps unit scale with W ~ N(0, 1/ne0)

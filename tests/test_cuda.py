@@ -266,29 +266,60 @@ for k in kernels:
         from numba import cuda
         return len(cuda.gpus) if HAVE_GPU else 0
 
+    #: a mixture of experts picks experts by rank, so a last-bit difference in the router's input can
+    #: pick another expert where two nearly tie, and move that token by far more than any tolerance.
+    #: Q8_0 experts (mmvq with ids) and F32 elsewhere keep the CPU's and the GPU's inputs to the
+    #: router equal to a few float32 ulps: the CPU rounds activations to Q8_0, the GPU to Q8_1, the
+    #: same values per 32; only the sums' order differs
+    MOE_TYPES = {"*exps*": "q8_0", "*": "f32"}
+    #: each family's features (test_llama's FAMILY_KW): Gemma 3's window under the 280-token run
+    GPU_FAMILY_KW = {"llama": {}, "qwen2": {}, "qwen3": dict(head_dim=128),
+                     "gemma3": dict(head_dim=128, n_swa=64, swa_pattern=3, rope_scaling_factor=8.0),
+                     "phi3": dict(rope_factors_ctx=256),
+                     "mixtral": dict(arch="llama", n_expert=8, n_expert_used=2, types=MOE_TYPES),
+                     "qwen3moe": dict(head_dim=64, n_expert=8, n_expert_used=2, n_ff_exp=256, types=MOE_TYPES)}
+
+    def _close(got, want, tol, moe):
+        """NMSE within ``tol``; for a mixture of experts token by token, the median and all but 5%
+        of the tokens: where two experts' router probabilities nearly tie, a last-bit difference
+        picks the other one, and that token's logits move by far more (test_llama_cpp's
+        ``MOE_FLIPS``); a wrong kernel moves every token. Measured on an H200 with ``MOE_TYPES``:
+        GPU against CPU 5 and 8 tokens of 280 above 1e-2 (median 2e-4), flash attention against
+        the unfused one none above 1e-4."""
+        if not moe:
+            return nmse(got, want) <= tol
+        per_token = np.array([nmse(a, b) for a, b in zip(got, want)])
+        print(f"per-token NMSE: median {np.median(per_token):.2g}, max {per_token.max():.2g}, "
+              f"{(per_token > tol).sum()} of {len(per_token)} above {tol:g}")
+        return (per_token > tol).mean() <= 0.05 and np.median(per_token) <= tol
+
     @gpu
-    @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-    def test_gpu_model_with_flash_attention_gives_the_cpu_logits(tmp_path, arch):
+    @pytest.mark.parametrize("family", list(GPU_FAMILY_KW))
+    def test_gpu_model_with_flash_attention_gives_the_cpu_logits(tmp_path, family):
         """Every layer on CUDA0 with flash attention (on by default; decode replayed from a CUDA graph
         with its inputs uploaded asynchronously) against the unfused attention on the GPU (the same
         products; 8-bit activations turn last-bit differences into 1e-5) and on the CPU: prompt
         micro-batches, then decode steps past a KV_PAD boundary. Each family's graph (Qwen2's
-        biases, Qwen3's per-head norms and wider heads, NEOX RoPE)."""
+        biases, Qwen3's per-head norms and wider heads, NEOX RoPE, Gemma 3's sliding-window layers and
+        post-norms, Phi-3's fused QKV and LongRoPE factors, Mixtral's and Qwen3-MoE's experts through
+        MUL_MAT_ID)."""
         import lazyggml as lg
         from lazyggml.testing import make_tiny_model
         path = str(tmp_path / "m.gguf")
-        make_tiny_model(path, arch=arch, n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=300,
-                        n_ctx=512, seed=5, head_dim=128 if arch == "qwen3" else None)
+        kw = dict(GPU_FAMILY_KW[family])
+        moe = "n_expert" in kw
+        make_tiny_model(path, arch=kw.pop("arch", family), n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                        n_vocab=300, n_ctx=512, seed=5, **kw)
         toks = np.random.default_rng(6).integers(0, 300, 280).tolist()
         out = {}
         for ngl, fa in ((0, None), (99, False), (99, None)):
             model = lg.load_model(path, n_gpu_layers=ngl, device="CUDA0", n_batch=64, flash_attn=fa)
             assert model.flash_attn == (fa is None)
             out[ngl, fa] = np.concatenate([model.eval(toks[:240])] + [model.eval([t]) for t in toks[240:]])
-        assert nmse(out[99, None], out[99, False]) <= 1e-4   # Q8_1 steps amplify last bits (test_llama)
+        ok_fa = _close(out[99, None], out[99, False], 1e-4, moe)   # Q8_1 steps amplify last bits (test_llama)
         # the CPU rounds activations to Q8_K, the GPU to Q8_1; a wrong cell or a stale input would
         # give errors of order 1
-        assert nmse(out[99, None], out[0, None]) <= 1e-2
+        assert _close(out[99, None], out[0, None], 1e-2, moe) and ok_fa
 
     @pytest.mark.skipif(not HAVE_GPU or _n_gpus() < 2, reason="needs two CUDA GPUs")
     def test_gpu_model_split_over_two_gpus(tmp_path):

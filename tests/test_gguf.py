@@ -1,5 +1,6 @@
 """GGUF reading: round trips through make_tiny_llama, agreement with gguf-py's GGUFReader, llama
 hyper-parameters and tensor checks, targeted malformed files, and a fuzzer over mutated files."""
+import math
 import pickle
 import struct
 import time
@@ -190,7 +191,7 @@ def test_hparams_optional_keys(tiny):
 
 @pytest.mark.parametrize("change, field, message", [
     ({"general.architecture": "gpt2"}, "general.architecture",
-     "unsupported architecture 'gpt2'; lazyggml runs llama, qwen2, qwen3"),
+     "unsupported architecture 'gpt2'; lazyggml runs gemma3, llama, phi3, qwen2, qwen3, qwen3moe"),
     ({"llama.block_count": None}, "llama.block_count", "required key is missing"),
     ({"llama.block_count": "2"}, "llama.block_count", "expected a int"),
     ({"llama.block_count": 0}, "llama.block_count", "out of range"),
@@ -202,7 +203,9 @@ def test_hparams_optional_keys(tiny):
     ({"llama.rope.scaling.type": "ntk"}, "llama.rope.scaling.type", "unknown rope scaling"),
     ({"llama.attention.layer_norm_rms_epsilon": 0.0}, "layer_norm_rms_epsilon", "positive"),
     ({"llama.rope.freq_base": float("nan")}, "llama.rope.freq_base", "finite"),
-    ({"llama.expert_count": 8}, "llama.expert_count", "mixture-of-experts"),
+    ({"llama.expert_count": 8}, "llama.expert_used_count", "required key is missing"),
+    ({"llama.expert_count": 2, "llama.expert_used_count": 3}, "llama.expert_used_count", "3 experts used of 2"),
+    ({"llama.expert_count": -1}, "llama.expert_count", "out of range"),
     ({"llama.vocab_size": 300}, "llama.vocab_size", "disagrees"),
     ({"llama.vocab_size": None, "tokenizer.ggml.tokens": None}, "llama.vocab_size", "missing"),
     ({"llama.embedding_length": 66}, "llama.attention.head_count", "not a multiple"),
@@ -220,24 +223,95 @@ def test_hparams_errors(tiny, change, field, message):
     assert str(e.value).startswith("model.gguf: ")
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+#: arch -> (make_tiny_model keywords, head size, a tensor of its own, another family's (name, ne))
+FAMILY_TENSORS = {
+    "qwen2": ({}, 16, "blk.1.attn_k.bias", ("blk.0.attn_q_norm.weight", (16,))),
+    "qwen3": (dict(head_dim=32), 32, "blk.1.attn_k_norm.weight", ("blk.0.attn_q.bias", (128,))),
+    "gemma3": (dict(head_dim=32, n_swa=8), 32, "blk.1.post_ffw_norm.weight", ("blk.0.attn_q.bias", (128,))),
+    "phi3": (dict(rope_factors_ctx=64), 16, "blk.1.attn_qkv.weight", ("blk.0.attn_q.weight", (64, 64))),
+}
+
+
+@pytest.mark.parametrize("arch", list(FAMILY_TENSORS))
 def test_family_tensors_are_checked(tmp_path, arch):
-    """A family's own tensors are required (Qwen2's Q/K/V biases, Qwen3's per-head norms) and another
-    family's are refused, each error naming the tensor."""
+    """A family's own tensors are required (Qwen2's Q/K/V biases, Qwen3's per-head norms, Gemma 3's
+    post-norms, Phi-3's fused QKV) and another family's are refused, each error naming the tensor;
+    Phi-3's LongRoPE factors are optional, of n_rot / 2 entries."""
+    kw, head, own, (other, other_ne) = FAMILY_TENSORS[arch]
     path = make_tiny_model(tmp_path / "m.gguf", arch=arch, n_layer=2, n_embd=64, n_head=4, n_head_kv=2,
-                           n_ff=128, n_vocab=300, head_dim=32 if arch == "qwen3" else None)
+                           n_ff=128, n_vocab=300, **kw)
     f = read_gguf(path)
     hp = HParams.from_metadata(f.metadata, f.path)
-    assert hp.arch == arch and (hp.n_embd_head_k, hp.n_rot) == ((32, 32) if arch == "qwen3" else (16, 16))
+    assert hp.arch == arch and (hp.n_embd_head_k, hp.n_rot) == (head, head)
     found = check_tensors(hp, f.tensors, f.path)
     assert found["output.weight"] is f.tensors["output.weight"]
-    own = "blk.1.attn_k.bias" if arch == "qwen2" else "blk.1.attn_k_norm.weight"
     with pytest.raises(GGUFError, match="required tensor is missing") as e:
         check_tensors(hp, {n: t for n, t in f.tensors.items() if n != own})
     assert e.value.field == f"tensor '{own}'"
-    other = "blk.0.attn_q_norm.weight" if arch == "qwen2" else "blk.0.attn_q.bias"
     with pytest.raises(GGUFError, match=f"unexpected tensor for a 2-layer {arch} model"):
-        check_tensors(hp, {**f.tensors, other: _info(other, (16,))})
+        check_tensors(hp, {**f.tensors, other: _info(other, other_ne)})
+    if arch == "phi3":
+        assert found["rope_factors_long.weight"].ne == (8,)
+        check_tensors(hp, {n: t for n, t in f.tensors.items() if not n.startswith("rope_factors")})
+        with pytest.raises(GGUFError, match=r"rope_factors_short.weight'.*has shape \[16\]"):
+            check_tensors(hp, {**f.tensors, "rope_factors_short.weight": _info("rope_factors_short.weight", (16,))})
+
+
+def test_gemma3_and_phi3_hparams(tmp_path):
+    """Gemma 3's sliding window: which layers slide (a period, 6 by default, whose last layer is
+    global; or per-layer flags), the queries' scale (1/sqrt(head size), but 1/sqrt(n_embd/n_head) at
+    62 layers, as llama.cpp); without a window every layer is global. Phi-3's attention factor.
+    Bad values are GGUFErrors naming the key."""
+    path = make_tiny_model(tmp_path / "g.gguf", arch="gemma3", n_layer=7, n_embd=64, n_head=4, n_head_kv=2,
+                           n_ff=128, n_vocab=300, head_dim=32, n_swa=8)
+    meta = read_gguf(path).metadata
+    hp = HParams.from_metadata(meta)
+    assert hp.n_swa == 8 and hp.swa_layers == (True,) * 5 + (False, True)
+    assert hp.f_attention_scale == pytest.approx(1 / 32 ** 0.5) and hp.rope_freq_base_swa == 10000.0
+    assert HParams.from_metadata({**meta, "gemma3.attention.sliding_window_pattern": 3}).swa_layers == \
+        (True, True, False) * 2 + (True,)
+    flags = [True, False] * 3 + [False]
+    assert HParams.from_metadata({**meta, "gemma3.attention.sliding_window_pattern": flags}).swa_layers == \
+        tuple(flags)
+    no_window = HParams.from_metadata({k: v for k, v in meta.items() if k != "gemma3.attention.sliding_window"})
+    assert no_window.swa_layers == () and not no_window.is_swa(0)
+    big = {**meta, "gemma3.block_count": 62}
+    assert HParams.from_metadata(big).f_attention_scale == pytest.approx(1 / 16 ** 0.5)   # n_embd / n_head
+    for key, bad, msg in [("gemma3.attention.sliding_window", -1, "out of range"),
+                          ("gemma3.attention.sliding_window", 2.5, "expected a int"),
+                          ("gemma3.attention.sliding_window_pattern", [True] * 3, "expected 7 per-layer flags"),
+                          ("gemma3.attention.sliding_window_pattern", "6", "expected a int")]:
+        with pytest.raises(GGUFError, match=msg) as e:
+            HParams.from_metadata({**meta, key: bad})
+        assert e.value.field == key
+    no_window_meta = {k: v for k, v in meta.items() if k != "gemma3.attention.sliding_window"}
+    with pytest.raises(GGUFError, match="soft-capping is not supported"):   # llama.cpp's non-SWA gemma3 graph caps
+        HParams.from_metadata({**no_window_meta, "gemma3.final_logit_softcapping": 30.0})
+    path = make_tiny_model(tmp_path / "p.gguf", arch="phi3", n_layer=1, n_embd=64, n_head=4, n_head_kv=2,
+                           n_ff=128, n_vocab=300, n_ctx=256, rope_factors_ctx=64)
+    meta = read_gguf(path).metadata
+    hp = HParams.from_metadata(meta)
+    assert hp.n_ctx_orig_yarn == 64 and hp.rope_attn_factor == pytest.approx((1 + math.log(4) / math.log(64)) ** 0.5)
+    assert hp.swa_layers == () and hp.f_attention_scale == 0.0
+    with pytest.raises(GGUFError, match="not a finite positive number") as e:
+        HParams.from_metadata({**meta, "phi3.rope.scaling.attn_factor": 0.0})
+    assert e.value.field == "phi3.rope.scaling.attn_factor"
+
+
+def test_experts_are_refused_where_the_family_has_none_and_required_where_it_needs_them(tmp_path):
+    qwen2 = read_gguf(make_tiny_model(tmp_path / "q2.gguf", arch="qwen2", n_vocab=300))
+    with pytest.raises(GGUFError, match="mixture-of-experts qwen2 models are not supported"):
+        HParams.from_metadata({**qwen2.metadata, "qwen2.expert_count": 8, "qwen2.expert_used_count": 2})
+    moe = read_gguf(make_tiny_model(tmp_path / "moe.gguf", arch="qwen3moe", n_vocab=300, n_expert=4,
+                                    n_expert_used=2, n_ff_exp=64))
+    hp = HParams.from_metadata(moe.metadata)
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp) == (4, 2, 64)
+    assert check_tensors(hp, moe.tensors)["blk.1.ffn_down_exps.weight"].ne == (64, 64, 4)
+    with pytest.raises(GGUFError, match="required key is missing or 0 for a qwen3moe model"):
+        HParams.from_metadata({k: v for k, v in moe.metadata.items() if k != "qwen3moe.expert_count"})
+    mixtral = read_gguf(make_tiny_model(tmp_path / "mx.gguf", n_vocab=300, n_expert=4, n_expert_used=1))
+    hp = HParams.from_metadata(mixtral.metadata)
+    assert hp.n_ff_exp == hp.n_ff == 128 and "blk.0.ffn_gate.weight" not in check_tensors(hp, mixtral.tensors)
 
 
 def _info(name, ne, t=Type.F32):

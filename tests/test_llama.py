@@ -1,8 +1,10 @@
 """The runner end to end: logits of random tiny models against a float64 NumPy forward pass of
 the dequantized weights (NMSE within ``TOLERANCE``: see there why not 5e-4), on the CPU and with
 every split of the layers over the OpenCL device and the CPU, and over two stand-in GPUs; the other
-families' graphs (Qwen2's biases, Qwen3's per-head norms, NEOX RoPE) the same way; the KV cache;
-bad input."""
+families' graphs (Qwen2's biases, Qwen3's per-head norms, NEOX RoPE, Gemma 3's sliding-window layers
+and post-norms, Phi-3's fused matrices and LongRoPE, Mixtral's and Qwen3-MoE's experts) the same
+way; the KV cache; bad input."""
+import dataclasses
 import math
 import os
 
@@ -34,11 +36,14 @@ def _rms(x, g, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
 
 
-def _rope(x, pos, n_rot, base, neox=False):
+def _rope(x, pos, n_rot, base, neox=False, freq_scale=1.0, factors=None, mscale=1.0):
     """GGML's normal mode: rotate adjacent pairs (x[2i], x[2i+1]) by pos * base^(-2i/n_rot); NEOX
-    mode: the pairs (x[i], x[i + n_rot/2])."""
-    theta = pos[:, None] * base ** (-np.arange(0, n_rot, 2) / n_rot)        # (n_tokens, n_rot/2)
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    mode: the pairs (x[i], x[i + n_rot/2]). Linear scaling multiplies the angles by ``freq_scale``,
+    frequency factors divide them; cos and sin are scaled by ``mscale`` (the attention factor)."""
+    theta = freq_scale * pos[:, None] * base ** (-np.arange(0, n_rot, 2) / n_rot)   # (n_tokens, n_rot/2)
+    if factors is not None:
+        theta = theta / factors
+    c, s = mscale * np.cos(theta)[:, None, :], mscale * np.sin(theta)[:, None, :]
     i0, i1 = (slice(0, n_rot // 2), slice(n_rot // 2, n_rot)) if neox else \
         (slice(0, n_rot, 2), slice(1, n_rot, 2))
     x0, x1 = x[..., i0].copy(), x[..., i1].copy()
@@ -48,15 +53,26 @@ def _rope(x, pos, n_rot, base, neox=False):
     return out
 
 
-def reference_logits(hp, w, tokens):
+def reference_logits(hp, w, tokens, n_ctx=None, gaps=None):
     """A float64 forward pass of the LLaMA graph over ``tokens`` from position 0, keys and values
     rounded to F16 as the model's KV cache holds them; with the biases and per-head Q/K norms that
-    ``w`` has, and NEOX RoPE for the Qwen families."""
+    ``w`` has, and NEOX RoPE for the other families. Gemma 3: embeddings times sqrt(n_embd), the
+    queries' own scale, post-norms, GELU gate, sliding-window layers with their own RoPE base; Phi-3:
+    fused QKV and gate/up, LongRoPE factors (the long ones when ``n_ctx`` exceeds the original
+    context). A mixture of experts: each token's ``n_expert_used`` most probable experts (soft-max
+    router), their gated FFNs weighted by their probabilities renormalized to sum to 1; ``gaps``,
+    if given a list, gets each layer's smallest gap per token between the last chosen expert's
+    probability and the next one's (a near tie that float32 rounding may decide the other way)."""
     def mm(x, name):
         return x @ w[name].T + w.get(name.replace(".weight", ".bias"), 0.0)
 
-    def rope(x):
-        return _rope(x, pos, hp.n_rot, hp.rope_freq_base, neox=hp.arch != "llama")
+    def rope(x, il):
+        swa = hp.is_swa(il)
+        long = (n_ctx or hp.n_ctx_train) > hp.n_ctx_orig_yarn
+        factors = w.get("rope_factors_long.weight" if long else "rope_factors_short.weight")
+        return _rope(x, pos, hp.n_rot, hp.rope_freq_base_swa if swa else hp.rope_freq_base,
+                     neox=hp.arch != "llama", freq_scale=1.0 if swa else hp.rope_freq_scale, factors=factors,
+                     mscale=hp.rope_attn_factor)
 
     def head_norm(x, name):
         return _rms(x, w[name], hp.f_norm_rms_eps) if name in w else x
@@ -64,25 +80,78 @@ def reference_logits(hp, w, tokens):
     n = len(tokens)
     pos = np.arange(n, dtype=np.float64)
     hd, nh, nkv = hp.n_embd_head_k, hp.n_head, hp.n_head_kv
-    x = w["token_embd.weight"][tokens]
-    mask = np.triu(np.full((n, n), -np.inf), 1)
+    gemma = hp.arch == "gemma3"
+    x = w["token_embd.weight"][tokens] * (math.sqrt(hp.n_embd) if gemma else 1.0)
+    dist = np.arange(n)[:, None] - np.arange(n)[None, :]
+    mask = np.where(dist >= 0, 0.0, -np.inf)
+    mask_swa = np.where((dist >= 0) & (dist < hp.n_swa), 0.0, -np.inf)
     for il in range(hp.n_layer):
         b = f"blk.{il}."
         h = _rms(x, w[b + "attn_norm.weight"], hp.f_norm_rms_eps)
-        q = rope(head_norm(mm(h, b + "attn_q.weight").reshape(n, nh, hd), b + "attn_q_norm.weight"))
-        k = rope(head_norm(mm(h, b + "attn_k.weight").reshape(n, nkv, hd), b + "attn_k_norm.weight"))
-        v = (mm(h, b + "attn_v.weight")).reshape(n, nkv, hd)
+        if b + "attn_qkv.weight" in w:                           # Phi-3: rows Q, K, V
+            q, k, v = np.split(mm(h, b + "attn_qkv.weight"), [nh * hd, (nh + nkv) * hd], axis=1)
+        else:
+            q, k, v = (mm(h, b + f"attn_{t}.weight") for t in "qkv")
+        q = rope(head_norm(q.reshape(n, nh, hd), b + "attn_q_norm.weight"), il)
+        k = rope(head_norm(k.reshape(n, nkv, hd), b + "attn_k_norm.weight"), il)
+        v = v.reshape(n, nkv, hd)
         k, v = (np.repeat(t.astype(np.float16).astype(np.float64), nh // nkv, axis=1)  # F16 KV cache
                 for t in (k, v))
-        att = np.einsum("thd,shd->hts", q, k) / math.sqrt(hd) + mask
+        scale = hp.f_attention_scale or 1 / math.sqrt(hd)
+        att = np.einsum("thd,shd->hts", q, k) * scale + (mask_swa if hp.is_swa(il) else mask)
         att = np.exp(att - att.max(-1, keepdims=True))
         att /= att.sum(-1, keepdims=True)
-        o = np.einsum("hts,shd->thd", att, v).reshape(n, nh * hd)
-        x = x + mm(o, b + "attn_output.weight")
+        o = mm(np.einsum("hts,shd->thd", att, v).reshape(n, nh * hd), b + "attn_output.weight")
+        x = x + (_rms(o, w[b + "post_attention_norm.weight"], hp.f_norm_rms_eps) if gemma else o)
         h = _rms(x, w[b + "ffn_norm.weight"], hp.f_norm_rms_eps)
-        gate, up = mm(h, b + "ffn_gate.weight"), mm(h, b + "ffn_up.weight")
-        x = x + mm(gate / (1 + np.exp(-gate)) * up, b + "ffn_down.weight")
+        if hp.n_expert:
+            x = x + _moe_ffn(hp, w, b, h, gaps)
+            continue
+        if b + "ffn_gate.weight" in w:
+            gate, up = mm(h, b + "ffn_gate.weight"), mm(h, b + "ffn_up.weight")
+        else:                                                    # Phi-3: rows gate, then up
+            gate, up = np.split(mm(h, b + "ffn_up.weight"), 2, axis=1)
+        if gemma:   # GELU, tanh form
+            act = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
+        else:
+            act = gate / (1 + np.exp(-gate))
+        f = mm(act * up, b + "ffn_down.weight")
+        x = x + (_rms(f, w[b + "post_ffw_norm.weight"], hp.f_norm_rms_eps) if gemma else f)
     return mm(_rms(x, w["output_norm.weight"], hp.f_norm_rms_eps), "output.weight")
+
+
+def _moe_ffn(hp, w, b, h, gaps):
+    """Layer ``b``'s mixture of experts on the normed rows ``h`` (see ``reference_logits``)."""
+    logits = h @ w[b + "ffn_gate_inp.weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    order = np.argsort(-probs, axis=-1, kind="stable")
+    k = hp.n_expert_used
+    if gaps is not None and k < hp.n_expert:
+        ranked = np.take_along_axis(probs, order, -1)
+        gaps.append(ranked[:, k - 1] - ranked[:, k])
+    out = np.zeros_like(h)
+    for t, chosen in enumerate(order[:, :k]):
+        weights = probs[t, chosen] / probs[t, chosen].sum()
+        for e, we in zip(chosen, weights):
+            gate, up = (h[t] @ w[b + f"ffn_{m}_exps.weight"][e].T for m in ("gate", "up"))
+            out[t] += we * ((gate / (1 + np.exp(-gate)) * up) @ w[b + "ffn_down_exps.weight"][e].T)
+    return out
+
+
+def _tokens_without_near_ties(hp, w, n, seed, min_gap=1e-5):
+    """``n`` random tokens whose float64 routing (a mixture of experts) has no near tie: at every
+    layer the last chosen expert's probability leads the next one's by ``min_gap``, 50 times float32's
+    rounding of the router here, so that lazyggml picks the reference's experts (a flip would
+    change that token's FFN by far more than any tolerance). Other models: the first draw."""
+    for s in range(seed, seed + 100):
+        toks, gaps = _tokens(n, hp.n_vocab, s), []
+        if not hp.n_expert:
+            return toks
+        reference_logits(hp, w, toks, gaps=gaps)
+        if min(g.min() for g in gaps) > min_gap:
+            return toks
+    raise AssertionError(f"no tie-free tokens from seed {seed}")
 
 
 # Tolerances of the logits against the float64 forward pass. GGML's CPU rounds the activations of
@@ -227,15 +296,39 @@ def test_logits_with_layers_on_opencl(tiny, n_gpu_layers):
     assert _nmse(got, reference_logits(hp, w, toks)) < tol, f"seed {SEED}, ngl {n_gpu_layers}"
 
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+#: the other families' features as their real checkpoints use them
+FAMILY_KW = {
+    "qwen2": dict(tie_output=True),
+    "qwen3": dict(head_dim=128),
+    # tied output, wide heads, a window of 5 (the prompts run past it), layers 0 and 1 sliding and 2
+    # global, linear RoPE scaling on the global layer (Gemma 3 4B and larger)
+    "gemma3": dict(tie_output=True, head_dim=128, n_swa=5, swa_pattern=3, rope_scaling_factor=8.0),
+    # LongRoPE with an original context of 64: the long factors at the models' n_ctx of 128
+    "phi3": dict(rope_factors_ctx=64),
+    # mixtures of experts, 8 experts of which each token uses 2: Mixtral-style LLaMA (experts of
+    # n_ff) and Qwen3-MoE (experts of their own width, per-head norms)
+    "mixtral": dict(arch="llama", n_expert=8, n_expert_used=2),
+    "qwen3moe": dict(head_dim=64, n_expert=8, n_expert_used=2, n_ff_exp=256),
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILY_KW))
 def family(request, tmp_path_factory):
     """A random 3-layer model of another family, F16 weights (norms and biases F32): Qwen2 with its
-    output tied to the embeddings, Qwen3 with heads wider than n_embd / n_head."""
-    kw = {"qwen2": dict(tie_output=True), "qwen3": dict(head_dim=128)}[request.param]
-    path = str(tmp_path_factory.mktemp("family") / f"{request.param}.gguf")
-    make_tiny_model(path, arch=request.param, n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
-                    n_vocab=512, n_ctx=128, types={"*norm*": lg.F32, "*.bias": lg.F32, "*.weight": lg.F16},
-                    seed=SEED, **kw)
+    output tied to the embeddings, Qwen3 with heads wider than n_embd / n_head, Gemma 3 with
+    sliding-window and global layers, Phi-3 with LongRoPE, mixtures of experts (``FAMILY_KW``)."""
+    return _family_model(tmp_path_factory.mktemp("family"), request.param)
+
+
+def _family_model(folder, name):
+    kw = dict(FAMILY_KW[name])
+    path = str(folder / f"{name}.gguf")
+    make_tiny_model(path, arch=kw.pop("arch", name), n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                    n_vocab=512, n_ctx=128, seed=SEED, **kw,
+                    # the router F32, as llama.cpp's quantizer keeps it: an F16 matrix would round its
+                    # input to F16 and move the router's probabilities by ~1e-4 (near ties: see
+                    # _tokens_without_near_ties)
+                    types={"*norm*": lg.F32, "*.bias": lg.F32, "*ffn_gate_inp*": lg.F32, "*.weight": lg.F16})
     hp, w = _weights(path)
     return path, hp, w, TOLERANCE["f16"]
 
@@ -251,9 +344,45 @@ def test_family_logits_match_float64_reference(family, where):
         _opencl_device()
     model = lg.load_model(path, **kw)
     assert model.arch.name == hp.arch
-    toks = _tokens(14, hp.n_vocab, SEED + 5)
+    toks = _tokens_without_near_ties(hp, w, 14, SEED + 5)
     got = np.concatenate([model.eval(toks[:9])] + [model.eval([t]) for t in toks[9:]])
-    assert _nmse(got, reference_logits(hp, w, toks)) < tol, f"{hp.arch} {where}, seed {SEED}"
+    ref = reference_logits(hp, w, toks)
+    assert _nmse(got, ref) < tol, f"{hp.arch} {where}, seed {SEED}"
+    if where == "opencl-all" and not hp.n_expert:
+        # the embeddings' lookup on the CPU, then one split: no layer reads a weight across devices
+        # (Phi-3's RoPE factors: a copy on each layer's device)
+        assert model.sched.n_splits == 2
+    if hp.n_swa:   # the window matters here: without it the logits are far off
+        assert hp.swa_layers == (True, True, False)
+        assert _nmse(reference_logits(dataclasses.replace(hp, swa_layers=()), w, toks), ref) > 1e-3
+
+
+def test_gemma3_with_every_layer_sliding(tmp_path):
+    """Fewer layers than Gemma 3's period of 6: every layer slides, so the graph has only the
+    sliding-window mask; a prefill and decode steps past the window give the float64 reference's
+    logits, with flash attention and without."""
+    path = make_tiny_model(tmp_path / "g.gguf", arch="gemma3", n_layer=2, n_embd=64, n_head=4, n_head_kv=2,
+                           n_ff=128, n_vocab=300, head_dim=32, n_swa=4, seed=SEED,
+                           types={"*norm*": lg.F32, "*.weight": lg.F16})
+    hp, w = _weights(path)
+    assert hp.swa_layers == (True, True)
+    toks = _tokens(12, hp.n_vocab, SEED + 8)
+    ref = reference_logits(hp, w, toks)
+    for flash_attn in (True, False):
+        model = lg.load_model(path, flash_attn=flash_attn)
+        got = np.concatenate([model.eval(toks[:7])] + [model.eval([t]) for t in toks[7:]])
+        assert _nmse(got, ref) < TOLERANCE["f16"], f"flash_attn={flash_attn}, seed {SEED}"
+
+
+def test_phi3_rope_factors_follow_the_context(tmp_path):
+    """Phi-3's LongRoPE: within the original context (n_ctx 64) the short factors, beyond it the
+    long ones (the ``family`` test), as llama.cpp's get_rope_factors; the two differ."""
+    path, hp, w, tol = _family_model(tmp_path, "phi3")
+    toks = _tokens(12, hp.n_vocab, SEED + 6)
+    got = lg.load_model(path, n_ctx=64).eval(toks)
+    short = reference_logits(hp, w, toks, n_ctx=64)
+    assert _nmse(got, short) < tol, f"seed {SEED}"
+    assert _nmse(reference_logits(hp, w, toks), short) > 1e-3
 
 
 def test_kv_cache_continues_a_sequence(tiny):

@@ -15,8 +15,8 @@ of ``MIXES``:
 * ``default``: the embedded trained model (``lazyggml/data/default.gguf``, Q4_K_M), requantized
   (``allow_requantize``: llama.cpp dequantizes its Q4_K/Q6_K and quantizes again).
 
-The other families (``FAMILIES``: Qwen2, Qwen3), as ``make_tiny_model(arch=...)`` writes them (with
-n_embd 256), on their F32 weights and in Q4_K_M, with and without flash attention.
+The other families (``FAMILIES``: Qwen2, Qwen3, Gemma 3, Phi-3), as ``make_tiny_model(arch=...)``
+writes them (with n_embd 256), on their F32 weights and in Q4_K_M, with and without flash attention.
 
 ``test_quantized_files_hold_the_intended_types`` reads every file back and asserts that the mix's
 type (on tiny576: its 32-block fallback, and the K-type in ``ffn_down``) holds the most matrices,
@@ -120,6 +120,19 @@ FAMILIES = {
                   tie_output=True),
     "qwen3": dict(arch="qwen3", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512, n_ctx=128,
                   head_dim=128),
+    # Gemma 3: tied output, wide heads, a window of 6 under the 16-token prompt, layer 0 sliding and
+    # layer 1 global (a pattern of 2), linear RoPE scaling on the global layer
+    "gemma3": dict(arch="gemma3", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512, n_ctx=128,
+                   head_dim=128, tie_output=True, n_swa=6, swa_pattern=2, rope_scaling_factor=8.0),
+    # Phi-3: fused QKV and gate/up, LongRoPE with an original context of 64 (the long factors at 128)
+    "phi3": dict(arch="phi3", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512, n_ctx=128,
+                 rope_factors_ctx=64),
+    # mixtures of experts: Mixtral-style llama (8 experts of n_ff, 2 used) and Qwen3-MoE (experts of
+    # their own width, per-head norms)
+    "mixtral": dict(arch="llama", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512, n_ctx=128,
+                    n_expert=8, n_expert_used=2),
+    "qwen3moe": dict(arch="qwen3moe", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512,
+                     n_ctx=128, head_dim=64, n_expert=8, n_expert_used=2, n_ff_exp=256),
 }
 FAMILY_MIXES = ("f32", "q4_k_m")
 MODELS = list(TINY) + ["default"] + list(FAMILIES)
@@ -147,8 +160,21 @@ TINY_TOLERANCE = 5e-4
 #: the families' F32 files: no 8-bit rounding of activations to amplify a last-bit difference (F32
 #: products: llamafile's sgemm adds in another order), only the F16 KV cache's, so a graph's error
 #: shows at once (a missing bias or norm, the wrong RoPE: 1e-3 and more). Measured, as shipped and
-#: unfused: qwen2 6.8e-9 / 1.3e-9, qwen3 6.0e-8 / 3.6e-9.
+#: unfused: qwen2 6.8e-9 / 1.3e-9, qwen3 6.0e-8 / 3.6e-9, phi3 6.5e-8 / 1.4e-9, gemma3 1.3e-7 / 7.7e-8.
+#: Gemma's excess is GELU: GGML's CPU looks gelu up in a table indexed by the input rounded to fp16
+#: (``GGML_GELU_FP16``, up to ~1e-3 off), lazyggml's GEGLU computes the formula; with the table
+#: emulated in the graph gemma3 measured 6.4e-8 / 1.8e-8 (and Q4_K_M 3.7e-5 / 1.1e-5 instead of
+#: 2.2e-4 / 2.0e-4). For scale, on this gemma3 file: every layer sliding 0.1, no window 0.23, no
+#: RoPE scaling on the global layer 0.02, another RoPE base on the sliding layers 3e-5.
 F32_TOLERANCE = 1e-6
+#: A mixture of experts picks each token's experts by rank: where two experts' router
+#: probabilities nearly tie, a last-bit cascade (above) can make llama.cpp pick the other one, and
+#: that token's logits then differ by far more than the tolerance, the tokens after it not at all
+#: (the KV cache is per layer input, and the flip stays in its token's FFN). Measured: qwen3moe in
+#: Q4_K_M with flash attention, token 6 (layer 1's 2nd and 3rd experts 7.8e-5 apart): NMSE 2e-2
+#: there, 7e-5 to 1.6e-4 at the 15 others; without flash attention 6e-12 over all. So these cases
+#: are compared token by token, allowing this many tokens of the 16 above the tolerance.
+MOE_FLIPS = 2
 #: greedy: a near tie that a last-bit difference may decide either way (the largest logit
 #: difference measured between lazyggml and llama.cpp on the embedded model is 0.035, as shipped;
 #: its logits have an RMS of ~4)
@@ -340,11 +366,20 @@ LOGITS_CASES = [pytest.param(mix, model, config, id=f"{model}-{mix}-{config}")
 
 @pytest.mark.parametrize("mix,model,config", LOGITS_CASES)
 def test_logits_match_llama_cpp(oracle, mix, model, config):
+    """The logits' NMSE within the tolerance (module docstring). For a mixture of experts in Q4_K_M
+    with flash attention, token by token: all but ``MOE_FLIPS`` tokens within it (see there)."""
     ours = lazyggml_logits(oracle["files"][model, mix], prompt_tokens(model), config != "unfused")
     theirs = oracle["logits", config, model, mix]
     err = _nmse(ours, theirs)
     tol = DEFAULT_TOLERANCE if model == "default" else F32_TOLERANCE if mix == "f32" else TINY_TOLERANCE
     print(f"\n{model} {mix} {config}: NMSE {err:.3g} (max |d| {np.abs(ours - theirs).max():.3g})")
+    if FAMILIES.get(model, {}).get("n_expert") and mix != "f32" and config != "unfused":
+        per_token = [_nmse(a, b) for a, b in zip(ours, theirs)]
+        off = [(i, f"{e:.2g}") for i, e in enumerate(per_token) if e > tol]
+        print(f"tokens above {tol:g}: {off}")
+        assert len(off) <= MOE_FLIPS and np.median(per_token) <= tol, (
+            f"{model} {mix}: tokens {off} above {tol:g} against llama.cpp {oracle['version']} ({config})")
+        return
     assert err <= tol, (f"{model} {mix}: NMSE {err:.3g} against llama.cpp {oracle['version']} ({config}), "
                         f"tolerance {tol:g}")
 

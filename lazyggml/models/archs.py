@@ -20,7 +20,9 @@ from typing import Callable
 
 from ..errors import GGUFError
 from ..ops import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL
+from .gemma3 import build_gemma3
 from .llama import build_llama
+from .phi3 import build_phi3
 
 __all__ = ["Arch", "ARCHITECTURES", "get_arch"]
 
@@ -33,6 +35,7 @@ class Arch:
     layer_optional: Callable
     optional: Callable            # hp -> {name: ne}, beside the tied-or-not output
     build: Callable
+    experts: str = ""             # mixture of experts: "" none, "optional", "required" (``expert_count``)
 
     def tensors(self, hp) -> tuple:
         """``(required, optional)``: tensor name -> ``ne`` for a model of hyper-parameters ``hp``."""
@@ -45,7 +48,7 @@ class Arch:
 
 
 def _decoder(hp):
-    """LLaMA's block: norms, the four attention projections, the gated FFN."""
+    """LLaMA's block: norms, the four attention projections, the gated FFN (or its experts)."""
     q_dim = hp.n_embd_head_k * hp.n_head
     return {
         "attn_norm.weight": (hp.n_embd,),
@@ -54,10 +57,20 @@ def _decoder(hp):
         "attn_v.weight": (hp.n_embd, hp.n_embd_v_gqa),
         "attn_output.weight": (q_dim, hp.n_embd),
         "ffn_norm.weight": (hp.n_embd,),
-        "ffn_gate.weight": (hp.n_embd, hp.n_ff),
-        "ffn_up.weight": (hp.n_embd, hp.n_ff),
-        "ffn_down.weight": (hp.n_ff, hp.n_embd),
+        **_ffn(hp),
     }
+
+
+def _ffn(hp):
+    """The gated FFN, or with ``n_expert``: the router (``ffn_gate_inp``) and the experts' three
+    matrices, stacked one per expert (Mixtral-style ``_exps`` tensors)."""
+    if not hp.n_expert:
+        return {"ffn_gate.weight": (hp.n_embd, hp.n_ff), "ffn_up.weight": (hp.n_embd, hp.n_ff),
+                "ffn_down.weight": (hp.n_ff, hp.n_embd)}
+    return {"ffn_gate_inp.weight": (hp.n_embd, hp.n_expert),
+            "ffn_gate_exps.weight": (hp.n_embd, hp.n_ff_exp, hp.n_expert),
+            "ffn_up_exps.weight": (hp.n_embd, hp.n_ff_exp, hp.n_expert),
+            "ffn_down_exps.weight": (hp.n_ff_exp, hp.n_embd, hp.n_expert)}
 
 
 def _qkv_biases(hp):
@@ -73,16 +86,44 @@ def _none(hp):
     return {}
 
 
+def _gemma3(hp):
+    """LLaMA's block with per-head Q/K norms and a norm after attention and after the FFN."""
+    return {**_decoder(hp), **_qk_norms(hp), "post_attention_norm.weight": (hp.n_embd,),
+            "post_ffw_norm.weight": (hp.n_embd,)}
+
+
+def _phi3(hp):
+    """Q, K and V in one matrix (rows: Q, then K, then V), gate and up in one (gate first)."""
+    return {
+        "attn_norm.weight": (hp.n_embd,),
+        "attn_qkv.weight": (hp.n_embd, hp.n_embd + 2 * hp.n_embd_k_gqa),
+        "attn_output.weight": (hp.n_embd, hp.n_embd),
+        "ffn_norm.weight": (hp.n_embd,),
+        "ffn_up.weight": (hp.n_embd, 2 * hp.n_ff),
+        "ffn_down.weight": (hp.n_ff, hp.n_embd),
+    }
+
+
 ARCHITECTURES = {a.name: a for a in (
-    # LLaMA 1/2/3, Mistral, TinyLlama, SmolLM; biases where a file has them; rope_freqs: per-dimension
-    # frequency factors (Llama 3.1 and later), GGML's rope_ext ``c`` argument
+    # LLaMA 1/2/3, Mistral, TinyLlama, SmolLM, and Mixtral's experts; biases where a file has them;
+    # rope_freqs: per-dimension frequency factors (Llama 3.1 and later), GGML's rope_ext ``c`` argument
     Arch("llama", ROPE_TYPE_NORMAL, _decoder,
          lambda hp: {**_qkv_biases(hp), "attn_output.bias": (hp.n_embd,)},
-         lambda hp: {"rope_freqs.weight": (hp.n_rot // 2,)}, build_llama),
+         lambda hp: {"rope_freqs.weight": (hp.n_rot // 2,)}, build_llama, experts="optional"),
     # Qwen2, Qwen2.5: biases on Q, K and V
     Arch("qwen2", ROPE_TYPE_NEOX, lambda hp: {**_decoder(hp), **_qkv_biases(hp)}, _none, _none, build_llama),
     # Qwen3: an RMS norm on each query and key head, no biases
     Arch("qwen3", ROPE_TYPE_NEOX, lambda hp: {**_decoder(hp), **_qk_norms(hp)}, _none, _none, build_llama),
+    # Qwen3's mixture of experts (Qwen3-30B-A3B ...): Qwen3 with experts in every layer
+    Arch("qwen3moe", ROPE_TYPE_NEOX, lambda hp: {**_decoder(hp), **_qk_norms(hp)}, _none, _none, build_llama,
+         experts="required"),
+    # Gemma 3: scaled embeddings, post-norms, GELU-gated FFN, sliding-window layers
+    Arch("gemma3", ROPE_TYPE_NEOX, _gemma3, _none, _none, build_gemma3),
+    # Phi-3, Phi-3.5, Phi-4-mini: fused QKV and gate/up; LongRoPE frequency factors for the long
+    # context (rope_factors_long) and the original one (rope_factors_short)
+    Arch("phi3", ROPE_TYPE_NEOX, _phi3, _none,
+         lambda hp: {"rope_factors_long.weight": (hp.n_rot // 2,), "rope_factors_short.weight": (hp.n_rot // 2,)},
+         build_phi3),
 )}
 
 

@@ -4,11 +4,14 @@ of its tensors against what its architecture's loader expects.
 ``HParams.from_metadata`` reads the keys llama.cpp reads for every decoder (``llama_model::load_hparams``),
 under the prefix of ``general.architecture`` (``llama.``, ``qwen2.`` ...), which must be one of
 ``archs.ARCHITECTURES``; ``check_tensors`` checks a file's tensor names and shapes against that
-architecture's table (``Arch.tensors``).
+architecture's table (``Arch.tensors``). ``_arch_hparams`` reads the keys of one family beyond the
+common ones (Gemma 3's sliding window and attention scale).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import GGUFError
 from ..gguf_io import get_count, get_key, get_per_layer, get_positive_float
@@ -40,6 +43,23 @@ class HParams:
     rope_scaling_type: str
     rope_freq_scale: float  # 1 / rope.scaling.factor (1 when absent)
     n_ctx_orig_yarn: int
+    rope_attn_factor: float = 1.0      # rope.scaling.attn_factor: scales RoPE's cos and sin (Phi-3 LongRoPE)
+    # mixture of experts: each layer's FFN is n_expert FFNs of n_ff_exp (expert_feed_forward_length,
+    # by default n_ff), of which each token uses n_expert_used (0: a dense FFN)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    f_attention_scale: float = 0.0     # the queries' scale; 0: 1 / sqrt(head size)
+    # sliding-window attention (Gemma 3): the window, and per layer whether it slides; those layers
+    # rotate with their own base and scale
+    n_swa: int = 0
+    swa_layers: tuple = ()
+    rope_freq_base_swa: float = 10000.0
+    rope_freq_scale_swa: float = 1.0
+
+    def is_swa(self, il) -> bool:
+        """Whether layer ``il`` attends over a sliding window of ``n_swa`` positions (llama.cpp's ``is_swa``)."""
+        return bool(self.swa_layers) and self.swa_layers[il]
 
     @property
     def n_gqa(self) -> int:
@@ -69,8 +89,15 @@ class HParams:
         if n_head % n_head_kv:
             raise GGUFError(path, p + "attention.head_count_kv",
                             f"{n_head} heads cannot be shared by {n_head_kv} KV heads")
-        if get_key(meta, path, p + "expert_count", "int", 0) > 0:
+        n_expert = get_count(meta, path, p + "expert_count", default=0, lo=0)
+        experts = get_arch(arch).experts
+        if n_expert and not experts:
             raise GGUFError(path, p + "expert_count", f"mixture-of-experts {arch} models are not supported")
+        if experts == "required" and not n_expert:
+            raise GGUFError(path, p + "expert_count", f"required key is missing or 0 for a {arch} model")
+        n_expert_used = get_count(meta, path, p + "expert_used_count", required=True) if n_expert else 0
+        if n_expert_used > n_expert:
+            raise GGUFError(path, p + "expert_used_count", f"{n_expert_used} experts used of {n_expert}")
         if (p + "attention.key_length" not in meta or p + "attention.value_length" not in meta) \
                 and n_embd % n_head:
             raise GGUFError(path, p + "attention.head_count",
@@ -111,7 +138,49 @@ class HParams:
             rope_freq_scale=1.0 if factor == 0 else 1.0 / factor,
             n_ctx_orig_yarn=get_count(meta, path, p + "rope.scaling.original_context_length",
                                        default=n_ctx_train),
+            rope_attn_factor=get_positive_float(meta, path, p + "rope.scaling.attn_factor", 1.0),
+            n_expert=n_expert, n_expert_used=n_expert_used,
+            n_ff_exp=_n_ff_exp(arch, meta, path, n_ff, n_expert_used) if n_expert else 0,
+            **_arch_hparams(arch, meta, path, n_layer, n_embd, n_head, n_embd_head_k),
         )
+
+
+def _arch_hparams(arch, meta, path, n_layer, n_embd, n_head, n_embd_head_k) -> dict:
+    """The keys one family reads beyond the common ones (llama.cpp's ``load_arch_hparams``)."""
+    p = arch + "."
+    if arch != "gemma3":
+        # phi3 files carry attention.sliding_window too, but llama.cpp turns Phi's SWA off
+        return {}
+    # Gemma 3: the queries scaled by 1/sqrt(head size), but 1/sqrt(n_embd / n_head) for the 27B
+    # model, which llama.cpp recognizes by its 62 layers
+    head = n_embd // n_head if n_layer == 62 else n_embd_head_k
+    out = {"f_attention_scale": float(np.float32(1) / np.sqrt(np.float32(head)))}
+    n_swa = get_count(meta, path, p + "attention.sliding_window", default=0, lo=0)
+    if n_swa == 0:   # no window: every layer global, as llama.cpp's non-SWA gemma3 graph
+        if get_positive_float(meta, path, p + "final_logit_softcapping", 0.0, allow_zero=True):
+            raise GGUFError(path, p + "final_logit_softcapping", "final logit soft-capping is not supported")
+        return out
+    # which layers slide (llama.cpp's load_swa_pattern): a per-layer array, else a period n
+    # (default 6) in which the first n - 1 layers slide and the last is global
+    key = p + "attention.sliding_window_pattern"
+    pattern = meta.get(key)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer or not all(isinstance(v, (bool, int)) for v in pattern):
+            raise GGUFError(path, key, f"expected {n_layer} per-layer flags, got {str(pattern)[:60]}")
+        swa = tuple(bool(v) for v in pattern)
+    else:
+        n = get_count(meta, path, key, default=6, lo=0)
+        swa = tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
+    return {**out, "n_swa": n_swa, "swa_layers": swa}
+
+
+def _n_ff_exp(arch, meta, path, n_ff, n_expert_used):
+    """An expert's FFN width: LLaMA's experts (Mixtral) are ``n_ff`` wide, as llama.cpp builds them
+    whatever else the file says; the other families read ``expert_feed_forward_length``, by default
+    ``n_ff / n_expert_used`` (llama.cpp's qwen3moe)."""
+    if arch == "llama":
+        return n_ff
+    return get_count(meta, path, arch + ".expert_feed_forward_length", default=max(n_ff // n_expert_used, 1))
 
 
 def tensor_shapes(hp: HParams) -> tuple:

@@ -44,7 +44,7 @@ from ..errors import GGUFError, OutOfMemoryError
 from ..gguf_io import read_gguf
 from ..quants import dequantize
 from .archs import get_arch
-from .builder import GraphBuilder
+from .builder import ROPE_FACTORS, GraphBuilder
 from .hparams import HParams, check_tensors
 from ..sampling import Sampler
 from ..sched import Scheduler
@@ -145,8 +145,8 @@ def _gib(n):
 def _weight_use(name, type_, ne):
     """The node a graph makes of weight ``name`` (a stand-in with ``type_`` and ``ne``), for asking a
     backend whether it runs that: token embeddings are gathered (``get_rows``), biases are added to
-    and other 1-D weights (norms) multiply a hidden state, the rest are matrices a hidden state is
-    multiplied by."""
+    and other 1-D weights (norms) multiply a hidden state, experts' stacked matrices multiply it
+    through the router's choice (``mul_mat_id``), the rest are matrices it is multiplied by."""
     ctx = Context()
     w = ctx.new_tensor(type_, ne)
     w.name = name
@@ -155,7 +155,21 @@ def _weight_use(name, type_, ne):
     x = ctx.new_tensor_1d(Type.F32, ne[0])
     if len(ne) == 1:
         return ops.add(x, w) if name.endswith(".bias") else ops.mul(x, w)
+    if name.endswith("_exps.weight"):   # experts: multiplied through the router's choice
+        return ops.mul_mat_id(w, ops.reshape_3d(x, ne[0], 1, 1), ctx.new_tensor_2d(Type.I32, 1, 1))
     return ops.mul_mat(w, x)
+
+
+def _place(name, info, backend, cpu):
+    """Where weight ``name`` goes: its layer's ``backend``, unless that device cannot run the node the
+    graph makes of it and the CPU can (e.g. an OpenCL device and a mixture of experts' MUL_MAT_ID):
+    then the CPU's memory, as llama.cpp falls back to a buffer type whose device supports the op; the
+    scheduler then runs that node on the CPU."""
+    use = _weight_use(name, info.type, info.ne)
+    if backend is cpu or backend.supports_op(use) or len(info.ne) == 1 or not cpu.supports_op(use):
+        return backend
+    log.info("%s: the %s backend cannot run %s; kept on the CPU", name, backend.name, op_desc(use))
+    return cpu
 
 
 class _HostIO:
@@ -231,13 +245,14 @@ class Model:
         # the file's type is kept (llama.cpp's use_mmap: the page cache holds them once, shared and
         # file-backed); every other weight goes to a WEIGHTS buffer of its backend (one no_alloc
         # context each), filled from the map
-        types = {name: self._load_type(name, info, backend_of(name)) for name, info in infos.items()}
-        self._check_memory(types, infos, backend_of)
+        where = {name: _place(name, info, backend_of(name), cpu) for name, info in infos.items()}
+        types = {name: self._load_type(name, info, where[name]) for name, info in infos.items()}
+        self._check_memory(types, infos, where, backend_of)
         self.w = {}
         ctxs, maps, copied = {}, {}, []
         file_map = np.memmap(self.path, dtype=np.uint8, mode="c").view(np.ndarray) if mmap else None
         for name, info in infos.items():
-            b = backend_of(name)
+            b = where[name]
             if mmap and b not in maps:   # private (copy-on-write) map: writable arrays, as kernels expect
                 maps[b] = b.device.buffer_from_host_ptr(file_map)
             buf = maps.get(b)
@@ -266,6 +281,25 @@ class Model:
                 data = dequantize(info.type, data, info.ne[0])
             tensor_set(self.w[name], data)
 
+        # RoPE's frequency factors serve every layer: each layer reads a copy on its own device, as
+        # llama.cpp duplicates them per layer; read from the CPU, they would split a GPU's graph at
+        # every layer
+        self.w_on = {}      # (name, backend) -> that backend's copy of a weight every layer reads
+        dup_ctxs = {}
+        for name in (n for n in ROPE_FACTORS if n in self.w):
+            self.w_on[name, where[name]] = self.w[name]
+            for b in dict.fromkeys(self.layer_backends[:hp.n_layer]):
+                if (name, b) not in self.w_on:
+                    t = self.w_on[name, b] = dup_ctxs.setdefault(b, Context()).new_tensor(Type.F32, infos[name].ne)
+                    t.name = name
+        for b, ctx in dup_ctxs.items():
+            buf = alloc_ctx_tensors_from_buft(ctx, b.get_default_buffer_type())
+            buf.usage = BufferUsage.WEIGHTS
+            self.weight_buffers.append(buf)
+        for (name, b), t in self.w_on.items():
+            if t is not self.w[name]:
+                tensor_set(t, tensor_get(self.w[name]))
+
         self.flash_attn = self._pick_flash_attn(flash_attn)
         # the KV cache on the layer's device: K has an F16 row of n_embd_k_gqa per cell, V too with
         # flash attention, else an F16 row of n_ctx cells per element (transposed)
@@ -288,7 +322,8 @@ class Model:
         # so micro-batches of a prompt can flow through them one behind the other
         parallel = len(used) > 1 and n_gpu_layers > hp.n_layer and all(
             b.device.event_new() is not None for b in self.backends[:-1])
-        self.sched = Scheduler(self.backends, graph_size=32 * hp.n_layer + 64, parallel=parallel)
+        # graph capacity: llama.cpp's graph_max_nodes, 8 nodes per weight tensor (at least 1024)
+        self.sched = Scheduler(self.backends, graph_size=max(1024, 8 * len(infos)), parallel=parallel)
         self.n_past = 0
         # Graphs are kept per shape class (tokens, KV window, logits wanted), each with a scheduler
         # and compute buffers of its own, least recently used first: prompt micro-batches in
@@ -344,13 +379,13 @@ class Model:
         raise GGUFError(self.path, f"tensor '{name}'", f"{type_name(info.type)} weights: the {backend.name} "
                                                        f"backend cannot run {op_desc(use)} on them")
 
-    def _check_memory(self, types, infos, backend_of):
+    def _check_memory(self, types, infos, where, backend_of):
         """Refuse, before anything is allocated, a placement whose weights and KV cache do not fit a
         device's free memory (a device that cannot say how much it has free reports 0 and is not
         checked). The compute buffers come on top, sized later by the scheduler."""
         need = {}
         for name, info in infos.items():
-            need.setdefault(backend_of(name), [0, 0])[0] += row_size(types[name], info.ne[0]) * math.prod(info.ne[1:])
+            need.setdefault(where[name], [0, 0])[0] += row_size(types[name], info.ne[0]) * math.prod(info.ne[1:])
         kv_bytes = 2 * self.n_ctx * (self.hp.n_embd_k_gqa + self.hp.n_embd_v_gqa)   # F16 K and V, per layer
         for il in range(self.hp.n_layer):
             need.setdefault(backend_of(f"blk.{il}."), [0, 0])[1] += kv_bytes
@@ -423,7 +458,8 @@ class Model:
         n = len(batch)
         pad = KV_PAD if n == 1 else KV_PAD_BATCH
         n_kv = min(self.n_ctx, -(-(self.n_past + n) // pad) * pad)
-        sched, g, (tokens, pos, kv_idxs, v_idxs, kq_mask), logits, io = self._graph_for(n, n_kv, logits_all)
+        sched, g, inputs, logits, io = self._graph_for(n, n_kv, logits_all)
+        tokens, pos, kv_idxs, v_idxs, kq_mask, kq_mask_swa = inputs
         p0 = self.n_past
         positions = np.arange(p0, p0 + n)
         io.set(0, batch)
@@ -431,19 +467,32 @@ class Model:
         io.set(2, positions)
         if v_idxs is not None:
             io.set(3, positions[:, None] + self.n_ctx * np.arange(self.hp.n_embd_v_gqa))
-        # causal mask: token i sees cells 0..n_past+i
-        if n == 1 and io.views[4] is not None:
+        # causal mask: token i sees cells 0..n_past+i (none when every layer slides)
+        if kq_mask is None:
+            pass
+        elif n == 1 and io.views[4] is not None:
             row = io.views[4]
             row[:p0 + 1] = 0.0
             row[p0 + 1:] = -np.inf
         else:
             io.set(4, np.where(np.arange(n_kv)[None, :] <= positions[:, None], 0.0, -np.inf))
+        # sliding-window layers: token i sees cells p with p <= n_past+i < p + n_swa (llama.cpp's
+        # is_masked_swa, LLAMA_SWA_TYPE_STANDARD)
+        if kq_mask_swa is None:
+            pass
+        elif n == 1 and io.views[5] is not None:
+            row = io.views[5]
+            row[:] = -np.inf
+            row[max(p0 + 1 - self.hp.n_swa, 0):p0 + 1] = 0.0
+        else:
+            dist = positions[:, None] - np.arange(n_kv)[None, :]
+            io.set(5, np.where((dist >= 0) & (dist < self.hp.n_swa), 0.0, -np.inf))
         self.n_past += n
         if not wait:
             sched.graph_compute_async(g)
             return None
         sched.graph_compute(g)
-        return io.get(5)[0, 0].copy()
+        return io.get(6)[0, 0].copy()
 
     def reset(self):
         """Forget the KV cache."""
@@ -458,12 +507,15 @@ class Model:
         return self.tokenizer.detokenize(ids)
 
     def generate(self, prompt, n_predict=32, *, temp=0.8, top_k=40, top_p=0.95, seed=None, stats=None):
-        """Yield text pieces of up to ``n_predict`` sampled tokens after ``prompt``; ``stats`` (a
-        dict) receives prefill/decode timings, token counts and why generation stopped (``stop``:
+        """Yield text pieces of up to ``n_predict`` sampled tokens after ``prompt`` (text, or token ids
+        as they are), which is evaluated after the tokens already in the KV cache (``n_past``): a chat
+        passes only its new tokens. ``stats`` (a dict) receives prefill/decode timings, token counts,
+        the sampled ``tokens`` (an EOG token left out) and why generation stopped (``stop``:
         ``"n_predict"``, ``"eog"`` for an end-of-generation token, or ``"context"`` when the
         context is full)."""
         sampler = Sampler(temp=temp, top_k=top_k, top_p=top_p, seed=seed)
-        ids = self.tokenize(prompt)
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        sampled = []
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         t0 = time.perf_counter()
         logits = self.eval(ids, logits_all=False)[-1]
@@ -474,6 +526,7 @@ class Model:
             if self.tokenizer.is_eog(tok):
                 stop = "eog"
                 break
+            sampled.append(tok)
             piece = decoder.decode(self.tokenizer.token_to_piece(tok))
             if stats is not None and n_decoded == 0:
                 stats["first_token_time"] = time.perf_counter()
@@ -492,7 +545,7 @@ class Model:
         if stats is not None:
             t2 = time.perf_counter()
             stats.update(n_prompt=len(ids), prefill_s=t1 - t0, n_decoded=n_decoded,
-                         decode_s=t2 - t1, n_splits=self.sched.n_splits, stop=stop)
+                         decode_s=t2 - t1, n_splits=self.sched.n_splits, stop=stop, tokens=sampled)
 
 
 def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
