@@ -15,8 +15,8 @@ snake_case without the ``ggml_`` prefix, the same argument order and semantics.
 Errors lazyggml raises for bad input are ``lg.LazyGGMLError``s (``errors.py``).
 """
 from . import cache  # first: points Numba's kernel cache at lazyggml's directory before Numba loads
-from .errors import (LazyGGMLError, GGUFError, ShapeError, TensorTypeError, UnsupportedOpError, AllocationError,
-                     OutOfMemoryError)
+from .errors import (LazyGGMLError, GGUFError, ShapeError, TensorTypeError, UnsupportedOpError, ChatTemplateError,
+                     AllocationError, OutOfMemoryError)
 from .types import Type, QK_K, blck_size, type_size, row_size, is_quantized, type_name
 from .tensor import (Tensor, Context, MAX_DIMS, MAX_SRC, FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, FLAG_LOSS,
                      FLAG_COMPUTE, set_input, set_output, set_param, set_loss, set_name, get_name)

@@ -1,4 +1,10 @@
-"""The ``lazyggml`` command line: ``demo``, ``generate``, ``info``, ``warmup`` and ``graph-demo``.
+"""The ``lazyggml`` command line: ``demo``, ``generate``, ``chat``, ``info``, ``warmup`` and ``graph-demo``.
+
+``chat`` (and ``generate --chat``) write the conversation in the model's own chat template
+(``lazyggml.chat``). ``chat`` reads one user turn per line from stdin (with a ``> `` prompt on a
+terminal; empty lines are skipped, end of input ends the chat) and streams each answer; every turn
+renders the whole conversation again and evaluates only the tokens after those already in the KV
+cache, and a full context ends the chat with a note.
 
 Every option is checked when it is parsed (a bad value is one ``lazyggml: error:`` line naming the
 option, exit 2); a value that is capped says so on stderr; an error the user can cause while running
@@ -131,6 +137,8 @@ def _check_run_options(args):
     """What argparse cannot check alone: option combinations, and caps (said on stderr)."""
     if args.device and args.n_gpu_layers == 0:
         raise ValueError(f"--device {args.device} offloads nothing without -ngl N (N > 0)")
+    if getattr(args, "chat", None) is False and (args.system is not None or args.chat_template is not None):
+        raise ValueError("--system and --chat-template need --chat")
     if args.threads is not None and args.threads > _usable_cpus():
         print(f"lazyggml: note: -t {args.threads} capped to {_usable_cpus()}, the CPUs this process may use",
               file=sys.stderr)
@@ -168,7 +176,8 @@ class _FirstRunNotice:
             self.bar = None
 
 
-def _generate(args, path=None):
+def _generate(args, path=None, body=None):
+    """Run ``body`` (``_run``: generate; ``_chat``) on the model, counting the kernels it compiles."""
     from .compiling import CompileWatch
 
     _check_run_options(args)
@@ -176,13 +185,14 @@ def _generate(args, path=None):
     notice = _FirstRunNotice()
     with CompileWatch(notice.on_start, notice.on_end) as watch:
         try:
-            return _run(args, path, watch, notice)
+            return (body or _run)(args, path, watch, notice)
         finally:
             notice.close()
 
 
-def _run(args, path, watch, notice):
-    """Load, generate and print, as ``_generate`` describes; ``watch`` counts the compiles."""
+def _load(args, path, out=None):
+    """The model, loaded as the options ask, its one-token kernels ready; what was loaded is said on
+    ``out`` (stdout by default)."""
     from .models.runner import load_model
     from .sampling import Sampler
     model = load_model(path, n_gpu_layers=args.n_gpu_layers, device=args.device, n_ctx=args.ctx_size,
@@ -200,27 +210,50 @@ def _run(args, path, watch, notice):
     gc.freeze()
     backends = ", ".join(b.name for b in model.backends)
     print(f"loaded {path} in {model.load_time:.2f} s: {model.hp.n_layer} layers, n_embd {model.hp.n_embd}, "
-          f"vocab {model.hp.n_vocab}; backends {backends}")
-    print(f"layers: {_placement(model)}")
+          f"vocab {model.hp.n_vocab}; backends {backends}", file=out)
+    print(f"layers: {_placement(model)}", file=out)
     if args.ctx_size is not None and args.ctx_size > model.n_ctx:
         print(f"lazyggml: note: -c {args.ctx_size} capped to {model.n_ctx}, the model's training context",
               file=sys.stderr)
-    stats = {}
-    compiled = [watch.seconds]     # compile seconds before the prompt, after it, at the end
+    return model
+
+
+def _stream(args, model, prompt, watch, notice, echo=""):
+    """Generate after ``prompt`` (text or token ids), writing ``echo`` then the pieces to stdout as
+    they come; the stats (with the ``text`` written after ``echo``), and the compile seconds before
+    the prompt, after it and at the end."""
+    stats, text = {}, []
+    compiled = [watch.seconds]
     first = (watch.seconds, watch.count)   # compiling until the first token
-    for i, piece in enumerate(model.generate(args.prompt, args.n_predict, temp=args.temp, top_k=args.top_k,
+    for i, piece in enumerate(model.generate(prompt, args.n_predict, temp=args.temp, top_k=args.top_k,
                                              top_p=args.top_p, seed=args.seed, stats=stats)):
         if i == 0:
             compiled.append(watch.seconds)
             first = (watch.seconds, watch.count)
             notice.close()
-            sys.stdout.write(args.prompt)
+            sys.stdout.write(echo)
         sys.stdout.write(piece)
         sys.stdout.flush()
+        text.append(piece)
     if len(compiled) == 1:
         compiled.append(watch.seconds)
-        sys.stdout.write(args.prompt)
+        sys.stdout.write(echo)
     compiled.append(watch.seconds)
+    stats.update(first=first, text="".join(text))
+    return stats, compiled
+
+
+def _run(args, path, watch, notice):
+    """Load, generate and print, as ``_generate`` describes; ``watch`` counts the compiles."""
+    model = _load(args, path)
+    prompt, echo = args.prompt, args.prompt
+    if getattr(args, "chat", False):   # the prompt as a user's turn in the chat template; the answer alone is printed
+        from .chat import chat_template, tokenize_chat
+        template = chat_template(model.file.metadata, model.tokenizer, path, args.chat_template)
+        messages = _system(args) + [{"role": "user", "content": args.prompt}]
+        prompt, echo = tokenize_chat(model.tokenizer, template.render(messages, add_generation_prompt=True)), ""
+    stats, compiled = _stream(args, model, prompt, watch, notice, echo)
+    first = stats["first"]
     print()
     if "first_token_time" in stats:
         print(f"first token: {stats['first_token_time'] - _T0:.2f} s"
@@ -236,6 +269,59 @@ def _run(args, path, watch, notice):
         print(f"lazyggml: note: stopped after {stats['n_decoded']} of {args.n_predict} tokens: the context of "
               f"{model.n_ctx} tokens is full (-c)", file=sys.stderr)
     return 0
+
+
+def _system(args):
+    """The conversation's opening system message (``--system``), if any."""
+    return [{"role": "system", "content": args.system}] if args.system else []
+
+
+def _chat(args, path, watch, notice):
+    """The interactive chat (module docstring): the model's lines go to stderr, the answers to stdout."""
+    from .chat import chat_template, tokenize_chat
+    model = _load(args, path, out=sys.stderr)
+    template = chat_template(model.file.metadata, model.tokenizer, path, args.chat_template)
+    messages = _system(args)
+    cached = []   # the token ids in the KV cache
+    tty = sys.stdin.isatty()
+    while True:
+        try:
+            line = input("> ") if tty else sys.stdin.readline()
+        except EOFError:
+            line = ""
+        if not line:   # end of input (a blank line is "\n")
+            if tty:
+                print()
+            return 0
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        ids = tokenize_chat(model.tokenizer, template.render(messages, add_generation_prompt=True))
+        if len(ids) > model.n_ctx:
+            print(f"lazyggml: note: the conversation is {len(ids)} tokens, more than the context of {model.n_ctx} "
+                  f"(-c): the chat ends here", file=sys.stderr)
+            return 0
+        # keep the longest common prefix in the cache (at least one token must be evaluated, for
+        # its logits); cells after it are overwritten, and the causal mask hides them meanwhile
+        keep = 0
+        while keep < min(len(cached), len(ids) - 1) and cached[keep] == ids[keep]:
+            keep += 1
+        if keep == 0:
+            model.reset()
+        model.n_past = keep
+        stats, compiled = _stream(args, model, ids[keep:], watch, notice)
+        print()
+        cached = (ids + stats["tokens"])[:model.n_past]
+        messages.append({"role": "assistant", "content": stats["text"]})
+        prefill_s, _ = _excluding(stats["prefill_s"], compiled[1] - compiled[0])
+        decode_s, _ = _excluding(stats["decode_s"], compiled[2] - compiled[1])
+        print(f"[prefill: {stats['n_prompt']} new tokens in {prefill_s:.2f} s; decode: {stats['n_decoded']} "
+              f"tokens, {stats['n_decoded'] / max(decode_s, 1e-9):.1f} tokens/s; stop: {stats['stop']}]",
+              file=sys.stderr)
+        if stats["stop"] == "context":
+            print(f"lazyggml: note: the answer was cut: the context of {model.n_ctx} tokens is full (-c); "
+                  f"the chat ends here", file=sys.stderr)
+            return 0
 
 
 def _excluding(seconds, compile_s):
@@ -310,7 +396,8 @@ def build_parser():
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def sampling_args(sp, prompt, n_predict):
-        sp.add_argument("-p", "--prompt", default=prompt, help=f"the text to continue (default {prompt!r})")
+        if prompt is not None:
+            sp.add_argument("-p", "--prompt", default=prompt, help=f"the text to continue (default {prompt!r})")
         sp.add_argument("-n", "--n-predict", type=_number(int, 0), default=n_predict,
                         help=f"tokens to generate (default {n_predict}); generation also stops at the end of "
                              "the context or at an end-of-generation token")
@@ -345,7 +432,21 @@ def build_parser():
     gen = sub.add_parser("generate", help="generate text with a GGUF model")
     gen.add_argument("model", help=f"path of a GGUF file whose architecture is one of {', '.join(ARCHITECTURES)}")
     sampling_args(gen, "Once upon a time", 64)
+    gen.add_argument("--chat", action="store_true",
+                     help="send the prompt as a user's message in the model's chat template, and print the answer")
+
+    def chat_args(sp):
+        sp.add_argument("--system", default=None, help="a system message that opens the conversation")
+        sp.add_argument("--chat-template", default=None, metavar="FILE_OR_STRING",
+                        help="a Jinja chat template (a file, or the text itself) instead of the model's "
+                             "tokenizer.chat_template")
+    chat_args(gen)
     gen.set_defaults(fn=_generate)
+    ch = sub.add_parser("chat", help="chat with an instruct GGUF model: one user turn per line of stdin")
+    ch.add_argument("model", help=f"path of a GGUF file whose architecture is one of {', '.join(ARCHITECTURES)}")
+    sampling_args(ch, None, 512)
+    chat_args(ch)
+    ch.set_defaults(fn=lambda args: _generate(args, body=_chat))
     gd = sub.add_parser("graph-demo", help="build and compute a small graph, compared with NumPy")
     gd.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
     gd.set_defaults(fn=_graph_demo)

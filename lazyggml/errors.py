@@ -9,6 +9,7 @@ reports, and each also derives from the built-in exception it always was (``Valu
     ├── ShapeError           (ValueError)           shapes an op or a copy cannot take
     ├── TensorTypeError      (ValueError)           a tensor type or NumPy dtype that does not fit
     ├── UnsupportedOpError   (NotImplementedError)  no backend (or not the chosen one) runs a node
+    ├── ChatTemplateError    (ValueError)           a chat template missing, unparsable or failing
     └── AllocationError      (RuntimeError)         a tensor without memory where it needs some
         └── OutOfMemoryError (MemoryError)          a buffer or device too small for what it must hold
 
@@ -19,7 +20,7 @@ keyword) stays a plain ``TypeError``/``ValueError``.
 from __future__ import annotations
 
 __all__ = ["LazyGGMLError", "GGUFError", "ShapeError", "TensorTypeError", "UnsupportedOpError",
-           "AllocationError", "OutOfMemoryError"]
+           "ChatTemplateError", "AllocationError", "OutOfMemoryError"]
 
 
 class LazyGGMLError(Exception):
@@ -49,6 +50,11 @@ class TensorTypeError(LazyGGMLError, ValueError):
 
 class UnsupportedOpError(LazyGGMLError, NotImplementedError):
     """A graph node that no backend can run (or not the backend it was assigned to)."""
+
+
+class ChatTemplateError(LazyGGMLError, ValueError):
+    """A chat template that is missing, does not parse, or fails while rendering; the message names
+    where it came from (the GGUF file and ``tokenizer.chat_template``, or ``--chat-template``)."""
 
 
 class AllocationError(LazyGGMLError, RuntimeError):

@@ -75,7 +75,14 @@ _ATTR_OF_TYPE = {TokenType.NORMAL: TokenAttr.NORMAL, TokenType.UNKNOWN: TokenAtt
 
 # tokens that end generation, recognised by their text as llama.cpp does (and then made CONTROL)
 _EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                        "<|end_of_text|>", "<|eom_id|>", "<EOT>", "</s>"})
+                        "<|end_of_text|>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "</s>",
+                        "<end_of_utterance>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+                        "<eos>", "<turn|>", "<|tool_response>"})
+# fill-in-the-middle tokens whose file key is missing, found by their text as llama.cpp does (the
+# first present, made CONTROL); these three end generation too (Qwen's vocabularies have them)
+_FIM_EOG_TEXTS = {"fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+                  "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+                  "fim_sep": ("<|file_sep|>",)}
 
 # --- GPT-2's byte <-> unicode alphabet -------------------------------------------------------------
 
@@ -193,7 +200,9 @@ class Tokenizer:
     or lazyggml does not support. Attributes: ``model`` ("llama" or "gpt2"), ``pre`` (the BPE
     pre-tokenizer name, None for SPM), ``tokens``, ``scores``, ``attrs`` (``TokenAttr`` per token),
     ``n_vocab``, ``bos_id``, ``eos_id``, ``unk_id`` (None when absent), ``add_bos``, ``add_eos``,
-    ``add_space_prefix``, ``clean_spaces``, ``eog_ids`` (the ids that end generation).
+    ``add_space_prefix``, ``clean_spaces``, ``eog_ids`` (the ids that end generation: EOS, EOT, EOM
+    and, as llama.cpp finds them by their text, the end-of-turn tokens of chat templates such as
+    ``<|im_end|>``, ``<|eot_id|>``, ``<end_of_turn>``, ``<|end|>``, and Qwen's FIM pad/repo/file tokens).
     """
 
     def __init__(self, metadata: dict, path="<metadata>"):
@@ -255,15 +264,40 @@ class Tokenizer:
 
         eog = {self.eos_id, self._special_id(meta, "eot_token_id", None),
                self._special_id(meta, "eom_token_id", None)}
+        for key, texts in _FIM_EOG_TEXTS.items():
+            tid = self._special_id(meta, f"{key}_token_id", None)
+            if tid is None:
+                tid = next((self._token_to_id[t] for t in texts if t in self._token_to_id), None)
+                if tid is not None:
+                    self.attrs[tid] |= TokenAttr.CONTROL
+            eog.add(tid)
         for i, t in enumerate(self.tokens):
             if t in _EOG_TEXTS:
                 eog.add(i)
                 self.attrs[i] |= TokenAttr.CONTROL
+        # llama.cpp's two exceptions: where <|end|> closes a message before a tool call or a final
+        # answer (gpt-oss, Solar Open) it does not end generation, nor does </s> next to Gemma 4's
+        # <|tool_response>; they become plain text tokens
+        by_text = {self.tokens[i]: i for i in eog if i is not None}
+        if "<|end|>" in by_text and ({"<|call|>", "<|calls|>"} & by_text.keys()) and \
+                ({"<|return|>", "<|flush|>"} & by_text.keys()):
+            eog.discard(by_text["<|end|>"])
+            self.attrs[by_text["<|end|>"]] = TokenAttr.USER_DEFINED
+        if "<|tool_response>" in by_text and "</s>" in by_text:
+            eog.discard(by_text["</s>"])
+            self.attrs[by_text["</s>"]] = TokenAttr.NORMAL
         self.eog_ids = frozenset(eog - {None})
         # the special tokens matched in raw text, longest first (llama.cpp's cache_special_tokens)
         special = TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN
         self._special_tokens = sorted((i for i in range(n) if self.attrs[i] & special),
                                       key=lambda i: -len(self.tokens[i]))
+        # llama.cpp drops the whitespace after special tokens in Phi-3's vocabularies, told by the
+        # model's name ("\n" after "<|user|>" in its chat template is not a token there)
+        self._rstrip = frozenset()
+        name = get_key(meta, p, "general.name", "str", "").lower()
+        if "phi-3" in name or "phi3" in name:
+            keep = {self._token_to_id.get(t) for t in ("<unk>", "<s>", "<|endoftext|>")}
+            self._rstrip = frozenset(set(self._special_tokens) | {self._token_to_id.get("</s>")}) - keep - {None}
         # byte -> token for SPM's byte fallback: <0xXX>, else the byte itself as a one-char token
         self._byte_tokens = [self._token_to_id.get(f"<0x{b:02X}>",
                                                    self._token_to_id.get(chr(b)) if b < 0x80 else None)
@@ -331,6 +365,8 @@ class Tokenizer:
                 for k, part in enumerate(frag.split(needle)):
                     if k:
                         cut.append(tid)
+                        if tid in self._rstrip:
+                            part = part.lstrip(" \t\n\v\f\r")   # C's isspace
                     if part:
                         cut.append(part)
             frags = cut

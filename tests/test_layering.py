@@ -29,7 +29,7 @@ LAYERS = [
     ["lazyggml.sched"],
     ["lazyggml.backends.*"],      # one package per backend, and their shared kernel table
     ["lazyggml.registry"],        # device discovery over the backend packages
-    ["lazyggml.quants", "lazyggml.gguf_io", "lazyggml.tokenizer", "lazyggml.sampling"],
+    ["lazyggml.quants", "lazyggml.gguf_io", "lazyggml.tokenizer", "lazyggml.sampling", "lazyggml.chat"],
     ["lazyggml.models.*", "lazyggml.testing", "lazyggml.op_cases"],
     ["lazyggml.warmup"],
     ["lazyggml"],                 # the public API
