@@ -44,9 +44,9 @@ of GGML's ``GGML_SCHED_DEBUG``, except that the cause of each placement is fille
 causes out of release builds and prints 8 blanks there; the field keeps its width).
 
 Differences from GGML: maps are dicts keyed by tensor identity, so ``graph_size`` bounds nothing;
-the MoE shortcut that copies only the used experts of a host ``MUL_MAT_ID`` weight (GGML reads the
-ids back first) is not done yet: such a weight, offloaded with a batch of 32 tokens or more (CUDA's
-``offload_op``), is copied whole; every input copy is a plain copy; an input in host
+every input copy is a plain copy but one, GGML's too: host expert weights of a ``MUL_MAT_ID`` that a
+device offloads (CUDA's ``offload_op``: 32 tokens or more) are copied expert by expert, only those
+the batch's ids pick, after reading the ids back (``_used_experts``); an input in host
 memory going to a backend whose ``set_tensor_async`` has the bytes when it returns
 (``host_copy_snapshots``, CUDA) is uploaded on that backend's stream without any wait, where GGML
 waits for the backend and copies synchronously (a Python wait costs more than GGML's).
@@ -56,11 +56,13 @@ from __future__ import annotations
 import itertools
 import logging
 
+import numpy as np
+
 from . import debug
 from .alloc import Gallocr
 from .buffer import BufferUsage, Status
 from .errors import UnsupportedOpError
-from .backend import DeviceType, event_new, event_synchronize, tensor_copy
+from .backend import DeviceType, event_new, event_synchronize, tensor_copy, tensor_get, tensor_set_async
 from .graph import Graph
 from .ops import Op, is_view_op, node_desc, op_desc
 from .tensor import FLAG_COMPUTE, FLAG_INPUT, Context, set_input, set_output
@@ -645,26 +647,27 @@ class Scheduler:
             if not split.inputs and prev_id >= 0 and prev_id != sid:
                 self._host_wait(prev_id)
 
-            for inp in split.inputs:
+            for k, inp in enumerate(split.inputs):
                 inp_backend = self.backends[self._ids[inp]]
                 cpy = self._copies[(inp, sid)][self.cur_copy]
                 sbuf = inp.data_buffer()
+                experts = self._used_experts(split, k, cpy) if sbuf.is_host() else None
                 if backend.host_copy_snapshots and sbuf.is_host():
                     # the upload is queued behind this backend's earlier work, which read the old
                     # contents, and has the bytes once it returns: neither side waits
                     inp_backend.synchronize()
-                    n = inp.nbytes()
-                    backend.set_tensor_async(cpy, sbuf.data[inp.offset:inp.offset + n], 0, n)
+                    for off, n in experts or [(0, inp.nbytes())]:
+                        backend.set_tensor_async(cpy, sbuf.data[inp.offset + off:inp.offset + off + n], off, n)
+                elif experts is not None:
+                    self._slot_free(backend, event)
+                    for off, n in experts:
+                        tensor_set_async(backend, cpy, sbuf.data[inp.offset + off:inp.offset + off + n], off, n)
                 elif inp.flags & FLAG_INPUT:
                     # user data: copy now, before the user can overwrite it
                     self._host_wait(sid)
                     tensor_copy(inp, cpy)
                 else:
-                    # the split backend must be done reading the previous contents of this slot
-                    if event is not None:
-                        backend.event_wait(event)
-                    else:
-                        backend.synchronize()
+                    self._slot_free(backend, event)
                     if backend.cpy_tensor_async is None or not backend.cpy_tensor_async(inp_backend, backend, inp, cpy):
                         inp_backend.synchronize()
                         self._host_wait(sid)
@@ -683,6 +686,41 @@ class Scheduler:
                 backend.event_record(event)
             prev_id = sid
         return Status.SUCCESS
+
+    @staticmethod
+    def _slot_free(backend, event):
+        """Wait until ``backend`` is done reading the previous contents of this copy slot."""
+        if event is not None:
+            backend.event_wait(event)
+        else:
+            backend.synchronize()
+
+    def _used_experts(self, split, k, cpy):
+        """GGML's shortcut for a mixture of experts' weights offloaded from host memory: when
+        ``split`` starts with a MUL_MAT_ID whose expert matrices are ``cpy`` (the copy of its input
+        ``k``, host WEIGHTS), the byte ranges (offset, size) of the experts its ids pick, runs of
+        consecutive experts merged, so that only those are copied; else None. Reads the ids back,
+        waiting for the backend that computed them (the original, when the ids are a later input of
+        this split, not copied yet). An id out of range: None (the whole copy; the kernel reports it)."""
+        node = split.graph.nodes[0] if split.graph.nodes else None
+        src = split.inputs[k]
+        if node is None or node.op != Op.MUL_MAT_ID or node.src[0] is not cpy or \
+                src.data_buffer().usage != BufferUsage.WEIGHTS:
+            return None
+        ids = node.src[2]
+        ids = next((t for t in split.inputs[k + 1:] if self._copies[(t, split.backend_id)][self.cur_copy] is ids), ids)
+        ids_backend = self.get_tensor_backend(ids) or self.backends[split.backend_id]
+        ids_backend.synchronize()
+        used = np.unique(tensor_get(ids))
+        if used.size == 0 or used[0] < 0 or used[-1] >= src.ne[2]:
+            return None
+        runs = []
+        for e in used.tolist():
+            if runs and runs[-1][1] == e:
+                runs[-1][1] = e + 1
+            else:
+                runs.append([e, e + 1])
+        return [(a * src.nb[2], (b - a) * src.nb[2]) for a, b in runs]
 
     def _compute_with_callback(self, backend, sg):
         """Compute ``sg`` in batches that end at each node the callback asks for."""

@@ -556,3 +556,37 @@ def test_logits_split_over_two_devices(two_layer_model, deferred):
     assert model.sched.n_splits == 3   # CPU (embeddings) -> DEV0 -> DEV1
     for g, r in zip(got, ref):
         assert _nmse(g, r) < 1e-6
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_offloaded_experts_copy_only_those_the_batch_uses(tmp_path, monkeypatch, deferred):
+    """GGML's scheduler shortcut for a mixture of experts: a device that takes MUL_MAT_ID from host
+    memory (CUDA's ``offload_op``, 32 tokens or more) gets only the experts the micro-batch's ids
+    pick, runs of consecutive experts in one copy each; unused experts' bytes in the copy are stale
+    (another batch's) and never read: two batches that pick different experts give the CPU's logits."""
+    from lazyggml import sched
+    from lazyggml.testing import StandInDevice
+
+    class Offloading(StandInDevice):
+        def offload_op(self, t):
+            return t.op == lg.Op.MUL_MAT_ID and t.ne[2] >= 32
+
+    path = make_tiny_model(tmp_path / "moe.gguf", arch="qwen3moe", n_layer=2, n_embd=64, n_head=4, n_head_kv=2,
+                           head_dim=16, n_ff=128, n_ff_exp=32, n_expert=64, n_expert_used=2, n_vocab=300, n_ctx=128,
+                           seed=SEED)
+    toks = _tokens(64, 300, SEED + 12)
+    cpu = lg.load_model(path)
+    ref = np.concatenate([cpu.eval(toks[:32]), cpu.eval(toks[32:])])
+    copies = []
+    monkeypatch.setattr(sched, "tensor_set_async", lambda b, t, data, off, n, f=sched.tensor_set_async:
+                        copies.append((t.name, off, n)) or f(b, t, data, off, n))
+    model = lg.load_model(path, n_gpu_layers=1, device=[Offloading("DEV0", deferred)])
+    assert [b.name for b in model.layer_backends] == ["CPU", "DEV0", "CPU"]
+    got = np.concatenate([model.eval(toks[:32]), model.eval(toks[32:])])
+    assert _nmse(got, ref) < 1e-6, f"seed {SEED}"
+    # layer 0's three expert tensors, in each of the two batches: some experts, never all
+    for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+        w = model.w[f"blk.0.{name}.weight"]
+        sizes = [n for t, off, n in copies if t.endswith(f"blk.0.{name}.weight#0")]
+        assert all(n % w.nb[2] == 0 for n in sizes) and len(sizes) >= 2
+        assert 0 < sum(sizes) < 2 * w.nbytes()
