@@ -399,7 +399,7 @@ def test_graph_building_errors(op, thunk):
 
 # ===================================================================================================
 # parity with libggml itself (ggml-python, a test dependency): the same inputs through GGML's CPU
-# backend. Most ops are bit-identical; the exceptions are GGML's lookup-table GELU (not compared),
+# backend. Most ops are bit-identical (GELU too: GGML's fp16 lookup tables); the exceptions are
 # its exp (SILU, SWIGLU, SOFT_MAX: the AVX-512 build's ggml_v_expf rounds differently from the
 # AVX2 one that lazyggml follows) and NORM's variance (summed in SIMD lanes, in an order that
 # depends on the build), compared by NMSE instead.
@@ -503,6 +503,16 @@ for _type in (F16, BF16, Q4_0, Q8_0, Q4_K):
 for _name in ("tanh", "elu", "sigmoid", "exp", "hardswish", "hardsigmoid", "sqr", "sin", "cos", "abs", "sgn",
               "step", "relu", "neg", "gelu_erf"):
     parity(_name, [f32(100, 4, 3)], [_rand(3, 4, 100, lo=-5, hi=5)], getattr(lg, _name), _name)
+# GELU by GGML's fp16 tables (and GELU / GEGLU's limits at +-10)
+for _name in ("gelu", "gelu_quick", "geglu"):
+    parity(_name, [f32(96, 4, 3)], [_rand(3, 4, 96, lo=-12, hi=12)], getattr(lg, _name), _name)
+_FP16_VALUES = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+_FP16_VALUES = _FP16_VALUES[np.isfinite(_FP16_VALUES)].astype(np.float32)   # every table entry
+for _name in ("gelu", "gelu_quick"):
+    parity(f"{_name} (every fp16 value)", [f32(_FP16_VALUES.size)], [lambda r: _FP16_VALUES], getattr(lg, _name),
+           _name)
+parity("geglu_split", [f32(96, 4, 3), f32(96, 4, 3)], [_rand(3, 4, 96, lo=-12, hi=12), _rand(3, 4, 96)],
+       lg.geglu_split, "geglu_split")
 # not bit-identical: GGML's exp (AVX-512 build) and NORM's SIMD-lane variance sums differ in rounding
 parity("norm", [f32(100, 4, 3)], [_rand(3, 4, 100)], lambda x: lg.norm(x, 1e-5), "norm", 1e-5, exact=False)
 parity("silu", [f32(100, 4, 3)], [_rand(3, 4, 100, lo=-5, hi=5)], lg.silu, "silu", exact=False)

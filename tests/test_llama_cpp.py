@@ -160,12 +160,11 @@ TINY_TOLERANCE = 5e-4
 #: the families' F32 files: no 8-bit rounding of activations to amplify a last-bit difference (F32
 #: products: llamafile's sgemm adds in another order), only the F16 KV cache's, so a graph's error
 #: shows at once (a missing bias or norm, the wrong RoPE: 1e-3 and more). Measured, as shipped and
-#: unfused: qwen2 6.8e-9 / 1.3e-9, qwen3 6.0e-8 / 3.6e-9, phi3 6.5e-8 / 1.4e-9, gemma3 1.3e-7 / 7.7e-8.
-#: Gemma's excess is GELU: GGML's CPU looks gelu up in a table indexed by the input rounded to fp16
-#: (``GGML_GELU_FP16``, up to ~1e-3 off), lazyggml's GEGLU computes the formula; with the table
-#: emulated in the graph gemma3 measured 6.4e-8 / 1.8e-8 (and Q4_K_M 3.7e-5 / 1.1e-5 instead of
-#: 2.2e-4 / 2.0e-4). For scale, on this gemma3 file: every layer sliding 0.1, no window 0.23, no
-#: RoPE scaling on the global layer 0.02, another RoPE base on the sliding layers 3e-5.
+#: unfused: qwen2 6.8e-9 / 1.3e-9, qwen3 6.0e-8 / 3.6e-9, phi3 6.5e-8 / 1.4e-9, gemma3 6.2e-8 / 1.8e-8
+#: (Q4_K_M 3.7e-5 / 1.1e-5). Gemma's GEGLU reads GGML's fp16 GELU table as GGML's CPU does; with
+#: the formula instead it was 1.3e-7 / 7.7e-8 (Q4_K_M 2.2e-4 / 2.0e-4). For scale, on this gemma3
+#: file: every layer sliding 0.1, no window 0.23, no RoPE scaling on the global layer 0.02, another
+#: RoPE base on the sliding layers 3e-5.
 F32_TOLERANCE = 1e-6
 #: A mixture of experts picks each token's experts by rank: where two experts' router
 #: probabilities nearly tie, a last-bit cascade (above) can make llama.cpp pick the other one, and

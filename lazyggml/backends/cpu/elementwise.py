@@ -15,12 +15,13 @@ compiled with ``-mavx2 -mfma``); GGML's AVX-512 build uses a ``vscalefps`` varia
 by an ulp, and GGML computes a row's last ``n % 8`` elements with libm's ``expf``. SIGMOID, EXP and
 ELU use libm's ``expf`` / ``expm1f``, as GGML does for them.
 
-GELU and GELU_QUICK: GGML's CPU backend by default (``GGML_GELU_FP16``, ``GGML_GELU_QUICK_FP16``)
-looks them up in a table indexed by the input rounded to fp16 (and returns 0 / x outside
-[-10, 10] for GELU), which is up to ~1e-3 off the formula. Here both are the float formula:
-``0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))`` and ``x / (1 + exp(-1.702 x))``, the GELU one
-evaluated through ``0.5 (1 + tanh u) = 1 / (1 + exp(-2u))`` with ``v_expf`` (libm's ``tanhf`` costs
-20 to 50 ns), i.e. within a few float32 ulp of the formula. GEGLU likewise.
+GELU, GELU_QUICK and GEGLU as GGML's CPU backend computes them by default (``GGML_GELU_FP16``,
+``GGML_GELU_QUICK_FP16``): looked up in a table of the 65,536 fp16 values, indexed by the input
+rounded to fp16, the formula's result rounded to fp16 (``GELU_TABLES``); GELU and GEGLU give 0 at
+or below -10 and x at or above 10 instead. That is up to ~1e-3 off the formula, and it is what
+llama.cpp's Gemma computes on the CPU. The formulas, ``0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715
+x^2)))`` and ``x / (1 + exp(-1.702 x))``, build the tables once at import, in float32 with GGML's
+evaluation order. (GGML's GPU backends compute the formula; so do lazyggml's.)
 
 Broadcasting (GGML's ``ggml_can_repeat(b, a)``): ``b``'s row ``(i3 % ne13, i2 % ne12, i1 % ne11)``
 serves ``a``'s row ``(i3, i2, i1)``; along dim 0 ``b`` is tiled first (rare: scalars, ADD1).
@@ -38,6 +39,7 @@ from ...types import Type
 from . import common, simd
 from .table import forward
 from .common import launch, parallel_kernel, unravel_row
+from .quant import fp32_to_fp16
 from .simd import fma as fmaf  # a*b + c, fused where the target has FMA (as GCC contracts GGML's C)
 
 _kernel = njit(cache=True, error_model="numpy")
@@ -114,11 +116,34 @@ _REGLU, _GEGLU, _SWIGLU = int(GluOp.REGLU), int(GluOp.GEGLU), int(GluOp.SWIGLU)
 
 
 # -- scalar formulas shared by UNARY and GLU ------------------------------------------------------
+def _gelu_tables():
+    """[GELU, GELU_QUICK] of every fp16 value (by its bits), rounded to fp16, as float32: GGML's
+    ``ggml_table_gelu_f16`` and ``ggml_table_gelu_quick_f16``."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):   # the NaN and infinite entries are never looked up for finite x
+        # as GGML's C compiles: 1 + A x x contracted into one FMA (exact product in float64, one
+        # rounding); tanhf and expf correctly rounded (float64, then float32) as glibc's, where
+        # NumPy's float32 tanh and exp are an ulp off. Every finite fp16 input gives libggml's bits.
+        inner = (GELU_COEF_A * x).astype(np.float64) * x + 1.0
+        u = SQRT_2_OVER_PI * x * inner.astype(np.float32)
+        g = _HALF * x * (_ONE + np.tanh(u.astype(np.float64)).astype(np.float32))
+        e = np.exp((GELU_QUICK_COEF * x).astype(np.float64)).astype(np.float32)
+        q = x * (_ONE / (_ONE + e))
+    return np.stack([g, q]).astype(np.float16).astype(np.float32)
+
+
+GELU_TABLES = _gelu_tables()
+_GELU_LIMIT = np.float32(10.0)
+
+
 @_kernel
-def gelu(x):
-    """``0.5 x (1 + tanh(u))`` with ``u = sqrt(2/pi) x (1 + 0.044715 x^2)``, as ``x / (1 + exp(-2u))``."""
-    u = SQRT_2_OVER_PI * x * (_ONE + GELU_COEF_A * x * x)
-    return x / (_ONE + v_expf(np.float32(-2.0) * u))
+def gelu(x, tab):
+    """GELU by GGML's table (``tab``: ``GELU_TABLES``): 0 at or below -10, x at or above 10."""
+    if x <= -_GELU_LIMIT:
+        return _ZERO
+    if x >= _GELU_LIMIT:
+        return x
+    return tab[0, fp32_to_fp16(x)]
 
 
 @_kernel
@@ -127,8 +152,9 @@ def gelu_erf(x):
 
 
 @_kernel
-def gelu_quick(x):
-    return x * (_ONE / (_ONE + v_expf(GELU_QUICK_COEF * x)))
+def gelu_quick(x, tab):
+    """GELU_QUICK by GGML's table, for every input."""
+    return tab[1, fp32_to_fp16(x)]
 
 
 @_kernel
@@ -143,8 +169,9 @@ def hardsigmoid(x):
 
 # -- rows ---------------------------------------------------------------------------------------------
 @_kernel
-def _unary_row(code, x, y, p0, p1):
-    """``y = f(x)`` for the op ``code``; ``p0``, ``p1`` are SCALE's (s, b) or CLAMP's (min, max)."""
+def _unary_row(code, x, y, p0, p1, tab):
+    """``y = f(x)`` for the op ``code``; ``p0``, ``p1`` are SCALE's (s, b) or CLAMP's (min, max),
+    ``tab`` the GELU tables."""
     n = x.shape[0]
     if code == _ABS:
         for i in range(n):
@@ -172,10 +199,10 @@ def _unary_row(code, x, y, p0, p1):
             y[i] = _ONE / (_ONE + math.exp(-x[i]))
     elif code == _GELU:
         for i in range(n):
-            y[i] = gelu(x[i])
+            y[i] = gelu(x[i], tab)
     elif code == _GELU_QUICK:
         for i in range(n):
-            y[i] = gelu_quick(x[i])
+            y[i] = gelu_quick(x[i], tab)
     elif code == _SILU:
         for i in range(n):
             y[i] = silu(x[i])
@@ -238,14 +265,14 @@ def _binary_row(code, x, y, z):
 
 
 @_kernel
-def _glu_row(code, x, g, y):
+def _glu_row(code, x, g, y, tab):
     n = y.shape[0]
     if code == _REGLU:
         for i in range(n):
             y[i] = x[i] * g[i] if x[i] > 0 else _ZERO
     elif code == _GEGLU:
         for i in range(n):
-            y[i] = gelu(x[i]) * g[i]
+            y[i] = _ZERO if x[i] <= -_GELU_LIMIT else gelu(x[i], tab) * g[i]   # GGML's +0, not 0 * g
     else:
         for i in range(n):
             y[i] = silu(x[i]) * g[i]
@@ -253,13 +280,13 @@ def _glu_row(code, x, g, y):
 
 # -- kernels ----------------------------------------------------------------------------------------
 @_pkernel
-def unary(code, x, dst, p0, p1):
-    """``p0``, ``p1``: SCALE's (s, b) or CLAMP's (min, max), used as float32."""
+def unary(code, x, dst, p0, p1, tab):
+    """``p0``, ``p1``: SCALE's (s, b) or CLAMP's (min, max), used as float32; ``tab``: ``GELU_TABLES``."""
     n3, n2, n1, _ = dst.shape
     q0, q1 = np.float32(p0), np.float32(p1)
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = unravel_row(r, n1, n2)
-        _unary_row(code, x[i3, i2, i1], dst[i3, i2, i1], q0, q1)
+        _unary_row(code, x[i3, i2, i1], dst[i3, i2, i1], q0, q1, tab)
 
 
 @_pkernel
@@ -273,7 +300,7 @@ def binary(code, a, b, dst):
 
 
 @_pkernel
-def glu(code, a, b, dst, split, swapped):
+def glu(code, a, b, dst, split, swapped, tab):
     """GGML's GLU: ``f(x) * g`` with x, g the two halves of a row of ``a`` (swapped: g first), or
     the rows of ``a`` and ``b`` (split)."""
     n3, n2, n1, nc = dst.shape
@@ -286,7 +313,7 @@ def glu(code, a, b, dst, split, swapped):
             x, g = ra[nc:2 * nc], ra[:nc]
         else:
             x, g = ra[:nc], ra[nc:2 * nc]
-        _glu_row(code, x, g, dst[i3, i2, i1])
+        _glu_row(code, x, g, dst[i3, i2, i1], tab)
 
 
 # -- forward -----------------------------------------------------------------------------------------
@@ -317,7 +344,7 @@ def unary_forward(node, dst, srcs):
             p0, p1 = scale_params(node)
         elif node.op == Op.CLAMP:
             p0, p1 = clamp_params(node)
-    return [launch(unary, dst.size, code, srcs[0], dst, float(p0), float(p1))]
+    return [launch(unary, dst.size, code, srcs[0], dst, float(p0), float(p1), GELU_TABLES)]
 
 
 @forward(Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.ADD1, supports=_all_f32)
@@ -340,7 +367,8 @@ def _glu_supported(node):
 def glu_forward(node, dst, srcs):
     gop, swapped = glu_params(node)
     split = srcs[1] is not None
-    return [launch(glu, dst.size, int(gop), srcs[0], srcs[1] if split else srcs[0], dst, split, swapped)]
+    return [launch(glu, dst.size, int(gop), srcs[0], srcs[1] if split else srcs[0], dst, split, swapped,
+                   GELU_TABLES)]
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
