@@ -245,13 +245,15 @@ def _stream(args, model, prompt, watch, notice, echo=""):
 
 def _run(args, path, watch, notice):
     """Load, generate and print, as ``_generate`` describes; ``watch`` counts the compiles."""
+    chat = getattr(args, "chat", False)
+    if chat:   # the prompt as a user's turn in the chat template, rendered before loading (errors at once)
+        messages = _system(args) + [{"role": "user", "content": args.prompt}]
+        text = _template(args, path).render(messages, add_generation_prompt=True)
     model = _load(args, path)
     prompt, echo = args.prompt, args.prompt
-    if getattr(args, "chat", False):   # the prompt as a user's turn in the chat template; the answer alone is printed
-        from .chat import chat_template, tokenize_chat
-        template = chat_template(model.file.metadata, model.tokenizer, path, args.chat_template)
-        messages = _system(args) + [{"role": "user", "content": args.prompt}]
-        prompt, echo = tokenize_chat(model.tokenizer, template.render(messages, add_generation_prompt=True)), ""
+    if chat:   # the answer alone is printed
+        from .chat import tokenize_chat
+        prompt, echo = tokenize_chat(model.tokenizer, text), ""
     stats, compiled = _stream(args, model, prompt, watch, notice, echo)
     first = stats["first"]
     print()
@@ -271,6 +273,16 @@ def _run(args, path, watch, notice):
     return 0
 
 
+def _template(args, path):
+    """The chat template (``--chat-template``, else the file's), read and compiled before the model
+    loads: a missing or broken one is said at once, before any kernel compiles."""
+    from .chat import chat_template
+    from .gguf_io import read_gguf
+    from .tokenizer import Tokenizer
+    metadata = read_gguf(path).metadata
+    return chat_template(metadata, Tokenizer(metadata, path), path, args.chat_template)
+
+
 def _system(args):
     """The conversation's opening system message (``--system``), if any."""
     return [{"role": "system", "content": args.system}] if args.system else []
@@ -278,9 +290,9 @@ def _system(args):
 
 def _chat(args, path, watch, notice):
     """The interactive chat (module docstring): the model's lines go to stderr, the answers to stdout."""
-    from .chat import chat_template, tokenize_chat
+    from .chat import tokenize_chat
+    template = _template(args, path)
     model = _load(args, path, out=sys.stderr)
-    template = chat_template(model.file.metadata, model.tokenizer, path, args.chat_template)
     messages = _system(args)
     cached = []   # the token ids in the KV cache
     tty = sys.stdin.isatty()
