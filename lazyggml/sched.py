@@ -699,7 +699,7 @@ class Scheduler:
         """GGML's shortcut for a mixture of experts' weights offloaded from host memory: when
         ``split`` starts with a MUL_MAT_ID whose expert matrices are ``cpy`` (the copy of its input
         ``k``, host WEIGHTS), the byte ranges (offset, size) of the experts its ids pick, runs of
-        consecutive experts merged, so that only those are copied; else None. Reads the ids back,
+        consecutive experts merged (and padded), so that only those are copied; else None. Reads the ids back,
         waiting for the backend that computed them (the original, when the ids are a later input of
         this split, not copied yet). An id out of range: None (the whole copy; the kernel reports it)."""
         node = split.graph.nodes[0] if split.graph.nodes else None
@@ -720,7 +720,10 @@ class Scheduler:
                 runs[-1][1] = e + 1
             else:
                 runs.append([e, e + 1])
-        return [(a * src.nb[2], (b - a) * src.nb[2]) for a, b in runs]
+        # each run but one that ends at the last expert takes min(expert, 512) bytes more, as GGML
+        # does: a kernel may read a little past its expert's rows
+        size, n_expert = src.nb[2], src.ne[2]
+        return [(a * size, (b - a) * size + (min(size, 512) if b < n_expert else 0)) for a, b in runs]
 
     def _compute_with_callback(self, backend, sg):
         """Compute ``sg`` in batches that end at each node the callback asks for."""
