@@ -942,25 +942,26 @@ def quantize_row_q8_K(x, y):
     is negative when that value is positive; q = min(127, nearest_int(iscale*x));
     bsums[g] = sum of qs[16g..16g+15]. An all-zero block gets d = 0, qs = 0 and (unlike GGML,
     which leaves them untouched) bsums = 0. This is every activation row of a K-quant matmul, so
-    each pass is a loop without branches that LLVM vectorizes (the largest |x| first, then the
-    first value that has it): ~10x the speed of one pass that tracks both."""
+    each pass is a loop without branches that LLVM vectorizes: the largest |x| and the first
+    index that has it in one pass, as the max of the 64-bit key (|x|'s bits << 9 | 511 - j),
+    ~2x the speed of a max then a scan for it (8.9 against 16.9 µs for 128 blocks), ~10x that of
+    one float pass that tracks both."""
     q = np.empty(QK_K, np.int32)
     for i in range(x.shape[0] // QK_K):
         xb = x[i * QK_K:(i + 1) * QK_K]
         yb = y[i * 292:(i + 1) * 292]
-        # the largest |x| as the bits of |x| (ordered as the values; NaN's bits count as 0): an
-        # integer max, which vectorizes where a float one (NaN's order) does not
+        # |x| as the bits of |x| (ordered as the values; NaN's bits count as 0): integers, which
+        # vectorize where a float max (NaN's order) does not
         xi = xb.view(np.int32)
-        amax = np.int32(0)
+        key = np.int64(0)
         for j in range(QK_K):
             a = xi[j] & np.int32(0x7FFFFFFF)
-            amax = max(amax, a if a <= np.int32(0x7F800000) else np.int32(0))
-        if amax == 0:
+            a = a if a <= np.int32(0x7F800000) else np.int32(0)
+            key = max(key, (np.int64(a) << 9) | np.int64(511 - j))
+        if key >> 9 == 0:
             yb.fill(0)
             continue
-        j = 0
-        while xi[j] & np.int32(0x7FFFFFFF) != amax:
-            j += 1
+        j = 511 - (key & 511)
         iscale = np.float32(-127.0) / xb[j]
         for j in range(QK_K):   # nearest_int, in int32 lanes
             bits = np.float32(iscale * xb[j] + np.float32(12582912.0)).view(np.int32)
