@@ -246,25 +246,33 @@ def _matvec_par(vtid, x4, xflat, kid, n, w4, yq, rs, bsz, dst, RT, CT, nth, coun
 # ---- float weights --------------------------------------------------------------------------------
 
 @_kernel
+def dot_rows_float(kind, n, w, r0, r1, xf, yo, out):
+    """Rows r0..r1 of the float weight matrix ``w`` (element kind ``kind``) each dotted with the
+    float32 column at byte ``yo`` of ``xf`` into ``out[r]``, two rows at a time (``dot_pair_*``;
+    an odd last row is paired with itself and the repeat dropped). mul_mat_id's too."""
+    for r in range(r0, r1, 2):
+        xa, xb = w[r], w[min(r + 1, r1 - 1)]
+        if kind == KIND_F32:
+            s = V.dot_pair_f32(n, xa, xb, xf, yo)
+        elif kind == KIND_F16:
+            s = V.dot_pair_f16(n, xa, xb, xf, yo)
+        else:
+            s = V.dot_pair_bf16(n, xa, xb, xf, yo)
+        out[r] = s[0]
+        if r + 1 < r1:
+            out[r + 1] = s[3]
+
+
+@_kernel
 def _task_float(kind, n, w4, xf, dst, t, RT, CT):
-    """One task of float weights: a single column two rows at a time (``dot_pair_*``), more
+    """One task of float weights: a single column two rows at a time (``dot_rows_float``), more
     columns in tiles of 2 rows × 3 columns (``dot_tile_*``); at the edges a tile repeats its last
     row or column and drops the repeats."""
     j3, j2, i3, i2, r0, r1, c0, nc = _task_geometry(t, w4, dst, RT, CT)
     ycs = 4 * n
     yo = ((i3 * dst.shape[1] + i2) * dst.shape[2] + c0) * ycs
     if dst.shape[2] == 1:
-        for r in range(r0, r1, 2):
-            xa, xb = w4[j3, j2, r], w4[j3, j2, min(r + 1, r1 - 1)]
-            if kind == KIND_F32:
-                s = V.dot_pair_f32(n, xa, xb, xf, yo)
-            elif kind == KIND_F16:
-                s = V.dot_pair_f16(n, xa, xb, xf, yo)
-            else:
-                s = V.dot_pair_bf16(n, xa, xb, xf, yo)
-            dst[i3, i2, c0, r] = s[0]
-            if r + 1 < r1:
-                dst[i3, i2, c0, r + 1] = s[3]
+        dot_rows_float(kind, n, w4[j3, j2], r0, r1, xf, yo, dst[i3, i2, c0])
         return
     for r in range(r0, r1, 2):
         xa, xb = w4[j3, j2, r], w4[j3, j2, min(r + 1, r1 - 1)]

@@ -31,11 +31,11 @@ from numba import njit, prange
 from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, row_size, type_size
-from . import common, simd
+from . import common, matmul, simd
 from . import dispatch as D
 from . import vec_dot as V
-from .common import FLOAT_TYPES, KIND, KIND_F16, KIND_F32
-from .matmul import PARALLEL_MIN_MACS, SUPPORTED_TYPES, round_acts, scratch, thread_scratch
+from .common import FLOAT_TYPES, KIND, KIND_F32
+from .matmul import PARALLEL_MIN_MACS, SUPPORTED_TYPES, dot_rows_float, round_acts, scratch, thread_scratch
 from .table import Checked, forward
 from .traits import TYPE_TRAITS_CPU
 
@@ -62,109 +62,65 @@ def _quantize_rows(vtid, x4, xflat, yq, rs):
 
 
 @_kernel
-def _pair(as4, ids, dst, t):
-    """Task t -> (token, slot, expert, r0, r1): rows r0..r1 of one (token, slot) pair; expert -1
-    when its id is out of range."""
-    m = as4.shape[2]
-    n_rt = (m + RT - 1) // RT
-    p, r0 = t // n_rt, (t % n_rt) * RT
+def _pair(ids, dst, t, rt):
+    """Task t -> (token, slot, expert id, r0, r1): rows r0..r1 of one (token, slot) pair, ``rt``
+    rows a task."""
+    m = dst.shape[3]
+    n_rt = (m + rt - 1) // rt
+    p, r0 = t // n_rt, (t % n_rt) * rt
     tok, e = p // dst.shape[2], p % dst.shape[2]
-    x = ids[0, 0, tok, e]
-    if x < 0 or x >= as4.shape[1]:
-        x = -1
-    return tok, e, x, r0, min(m, r0 + RT)
+    return tok, e, ids[0, 0, tok, e], r0, min(m, r0 + rt)
 
 
 @_kernel
-def _n_tasks(as4, dst):
-    return dst.shape[1] * dst.shape[2] * ((as4.shape[2] + RT - 1) // RT)
-
-
-@_kernel
-def _task_q(kid, n, as4, ids, yq, rs, n_b, dst, t):
-    """Task t of quantized weights (type id ``kid``; ``yq``: n_b quantized rows of ``rs`` bytes
-    per token). Returns 1 if its expert id is out of range (nothing computed; counted by the pair's
-    first task), else 0."""
-    tok, e, x, r0, r1 = _pair(as4, ids, dst, t)
-    if x < 0:
+def _task(kid, kind, n, aq, af, ids, y, yf, rs, n_b, dst, t):
+    """Task t: quantized weights ``aq`` (type id ``kid``; ``y``: n_b quantized rows of ``rs``
+    bytes per token) when ``kind`` < 0, else float weights ``af`` of element kind ``kind`` (``yf``:
+    n_b float32 rows per token, ``rs`` = their bytes); the other pair is an empty stand-in.
+    Returns 1 if its expert id is out of range (nothing computed; counted by the pair's first
+    task), else 0."""
+    tok, e, x, r0, r1 = _pair(ids, dst, t, RT)
+    if x < 0 or x >= (aq.shape[1] if kind < 0 else af.shape[1]):
         return 1 if r0 == 0 else 0     # counted once per pair
-    D.dot_rows(kid, n, as4, 0, x, r0, r1, yq, (tok * n_b + e % n_b) * rs, dst, 0, tok, e)
+    yo = (tok * n_b + e % n_b) * rs
+    if kind < 0:
+        D.dot_rows(kid, n, aq, 0, x, r0, r1, y, yo, dst, 0, tok, e)
+    else:
+        dot_rows_float(kind, n, af[0, x], r0, r1, yf, yo, dst[0, tok, e])
     return 0
 
 
 @_kernel
-def _task_f(kind, n, as4, ids, yf, n_b, dst, t):
-    """Task t of float weights of element kind ``kind`` (``yf``: n_b float32 rows per token), two
-    rows at a time as mul_mat's; returns as ``_task_q``."""
-    tok, e, x, r0, r1 = _pair(as4, ids, dst, t)
-    if x < 0:
-        return 1 if r0 == 0 else 0     # counted once per pair
-    yo = (tok * n_b + e % n_b) * 4 * n
-    for r in range(r0, r1, 2):
-        xa, xb = as4[0, x, r], as4[0, x, min(r + 1, r1 - 1)]
-        if kind == KIND_F32:
-            s = V.dot_pair_f32(n, xa, xb, yf, yo)
-        elif kind == KIND_F16:
-            s = V.dot_pair_f16(n, xa, xb, yf, yo)
-        else:
-            s = V.dot_pair_bf16(n, xa, xb, yf, yo)
-        dst[0, tok, e, r] = s[0]
-        if r + 1 < r1:
-            dst[0, tok, e, r + 1] = s[3]
-    return 0
-
-
-@_kernel
-def _run_q(vtid, x4, xflat, yq, rs, kid, n, as4, ids, dst):
-    """Quantize the activations, then every task; returns the count of bad ids."""
-    _quantize_rows(vtid, x4, xflat, yq, rs)
+def _run(vtid, x4, xflat, kid, kind, n, aq, af, ids, y, yf, rs, dst):
+    """Quantize the activations (quantized weights), then every task; returns the count of bad ids."""
+    if kind < 0:
+        _quantize_rows(vtid, x4, xflat, y, rs)
     bad = 0
-    for t in range(_n_tasks(as4, dst)):
-        bad += _task_q(kid, n, as4, ids, yq, rs, x4.shape[2], dst, t)
+    for t in range(dst.shape[1] * dst.shape[2] * -(-dst.shape[3] // RT)):
+        bad += _task(kid, kind, n, aq, af, ids, y, yf, rs, x4.shape[2], dst, t)
     return bad
 
 
 @_parallel
-def _run_q_par(vtid, x4, xflat, yq, rs, kid, n, as4, ids, dst, nth, counter, bad):
-    """``_run_q`` with the tasks on ``nth`` threads, taken from ``counter[0]``; thread th counts
-    its bad ids in ``bad[th]``."""
-    _quantize_rows(vtid, x4, xflat, yq, rs)
-    ntasks = _n_tasks(as4, dst)
+def _run_par(vtid, x4, xflat, kid, kind, n, aq, af, ids, y, yf, rs, dst, nth, counter, bad):
+    """``_run`` with the tasks on ``nth`` threads, taken from ``counter[0]``; thread th counts its
+    bad ids in ``bad[th]``."""
+    if kind < 0:
+        _quantize_rows(vtid, x4, xflat, y, rs)
+    ntasks = dst.shape[1] * dst.shape[2] * -(-dst.shape[3] // RT)
     counter[0] = 0
     nth = min(nth, ntasks)
     for th in prange(nth):
         bad[th] = 0
         t = simd.fetch_add(counter, 0, 1)
         while t < ntasks:
-            bad[th] += _task_q(kid, n, as4, ids, yq, rs, x4.shape[2], dst, t)
-            t = simd.fetch_add(counter, 0, 1)
-    return bad[:nth].sum()
-
-
-@_kernel
-def _run_f(kind, n, as4, ids, yf, n_b, dst):
-    bad = 0
-    for t in range(_n_tasks(as4, dst)):
-        bad += _task_f(kind, n, as4, ids, yf, n_b, dst, t)
-    return bad
-
-
-@_parallel
-def _run_f_par(kind, n, as4, ids, yf, n_b, dst, nth, counter, bad):
-    ntasks = _n_tasks(as4, dst)
-    counter[0] = 0
-    nth = min(nth, ntasks)
-    for th in prange(nth):
-        bad[th] = 0
-        t = simd.fetch_add(counter, 0, 1)
-        while t < ntasks:
-            bad[th] += _task_f(kind, n, as4, ids, yf, n_b, dst, t)
+            bad[th] += _task(kid, kind, n, aq, af, ids, y, yf, rs, x4.shape[2], dst, t)
             t = simd.fetch_add(counter, 0, 1)
     return bad[:nth].sum()
 
 
 # the cache of every driver above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, D.__file__, common.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, D.__file__, common.__file__, matmul.__file__, __file__)
 
 
 def mul_mat_id_steps(as4, wtype, b, ids, dst, nth):
@@ -182,15 +138,21 @@ def mul_mat_id_steps(as4, wtype, b, ids, dst, nth):
         kind = KIND[wtype]
         yf = b if wtype == Type.F32 and b.flags.c_contiguous else scratch("xf_id", 4 * b.size).view(np.float32).reshape(b.shape)
         steps = [] if yf is b else [(np.copyto, (yf, b)) if kind == KIND_F32 else (round_acts, (kind, b, yf))]
-        w = as4.view(np.uint16) if as4.dtype == np.float16 else as4
-        run = _run_f_par if parallel else _run_f
-        return steps + [(Checked(what, run, (kind, k, w, ids, yf.reshape(-1), n_b, dst) + par, n_expert), ())]
-    vt = TYPE_TRAITS_CPU[wtype].vec_dot_type
-    rs = row_size(vt, k)
-    yq = scratch("yq_id", rs * n_tokens * n_b)   # not mul_mat's "yq": that one may hold a row a later product reuses
-    xflat = b.reshape(-1) if b.flags.c_contiguous else np.empty(0, np.float32)
-    run = _run_q_par if parallel else _run_q
-    return [(Checked(what, run, (int(vt), b, xflat, yq, rs, int(wtype), k, as4, ids, dst) + par, n_expert), ())]
+        af = as4.view(np.uint16) if as4.dtype == np.float16 else as4
+        args = (0, b, _NO_F32, int(wtype), kind, k, _NO_Q, af, ids, _NO_U8, yf.reshape(-1), 4 * k, dst)
+    else:
+        vt = TYPE_TRAITS_CPU[wtype].vec_dot_type
+        rs = row_size(vt, k)
+        yq = scratch("yq_id", rs * n_tokens * n_b)   # not mul_mat's "yq": that one may hold a row a later product reuses
+        xflat = b.reshape(-1) if b.flags.c_contiguous else _NO_F32
+        steps = []
+        args = (int(vt), b, xflat, int(wtype), -1, k, as4, _NO_F4, ids, yq, _NO_F32, rs, dst)
+    return steps + [(Checked(what, _run_par if parallel else _run, args + par, n_expert), ())]
+
+
+# stand-ins for the arrays of the other path (the quantized or the float one): typed, empty
+_NO_U8, _NO_F32 = np.empty(0, np.uint8), np.empty(0, np.float32)
+_NO_Q, _NO_F4 = np.empty((1, 1, 1, 1), np.uint8), np.empty((1, 1, 1, 1), np.float32)
 
 
 def _supported(node):
