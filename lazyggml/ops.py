@@ -29,7 +29,7 @@ from .errors import ShapeError, TensorTypeError
 from .tensor import Tensor, current_context, MAX_DIMS
 from .types import GluOp, Op, SortOrder, Type, UnaryOp, type_name, type_size
 
-__all__ = ["Op", "UnaryOp", "GluOp", "SortOrder", "ROPE_TYPE_NORMAL", "ROPE_TYPE_NEOX", "VIEW_OPS", "EMPTY_OPS",
+__all__ = ["Op", "OP_PARAMS", "UnaryOp", "GluOp", "SortOrder", "ROPE_TYPE_NORMAL", "ROPE_TYPE_NEOX", "VIEW_OPS", "EMPTY_OPS",
            "INPLACE_OPS", "is_view_op", "op_can_inplace", "op_desc", "can_repeat", "dup",
            "dup_inplace", "cpy", "cont", "cont_4d", "cont_1d", "cont_2d", "cont_3d", "add", "add_inplace",
            "sub", "sub_inplace", "mul", "mul_inplace", "div", "div_inplace", "add1", "add1_inplace",
@@ -1248,6 +1248,15 @@ def transpose(a, *, ctx=None):
     r = _ctx(ctx, a).view_tensor(a, ne, nb, what="transpose")
     r.name = f"{a.name} (transposed)"
     return _set(r, Op.TRANSPOSE, [a], PermuteParams(1, 0, 2, 3))
+
+
+# -- each op's op_params type: which slots are floats when op_params travel as GGML's sixteen int32
+# slots (GGML's RPC protocol); an op not here has no op_params
+OP_PARAMS = {Op.CONCAT: ConcatParams, Op.UNARY: UnaryParams, Op.SCALE: ScaleParams, Op.CLAMP: ClampParams,
+             Op.ARGSORT: SortParams, Op.NORM: NormParams, Op.RMS_NORM: NormParams,
+             Op.DIAG_MASK_INF: DiagMaskParams, Op.SOFT_MAX: SoftMaxParams, Op.FLASH_ATTN_EXT: FlashAttnParams,
+             Op.ROPE: RopeParams, Op.GLU: GluParams, Op.PAD: PadParams, Op.VIEW: ViewParams,
+             Op.PERMUTE: PermuteParams, Op.TRANSPOSE: PermuteParams}
 
 
 # -- operator sugar on Tensor: thin wrappers over the constructors above (tensor.py sits below ops) --

@@ -215,7 +215,9 @@ class UnaryOp(enum.IntEnum):
     HARDSWISH = enum.auto()
     HARDSIGMOID = enum.auto()
     EXP = enum.auto()
-    GELU_ERF = enum.auto()
+    # GGML's 14 and 15 (EXPM1, SOFTPLUS) are not here; the values are GGML's, since they travel as
+    # ints (GGUF-free, but in GGML's RPC protocol's op_params)
+    GELU_ERF = 16
 
 
 class GluOp(enum.IntEnum):

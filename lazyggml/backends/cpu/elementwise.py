@@ -33,6 +33,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ... import types
 from ...cache import tie_cache
 from ...ops import GluOp, Op, UnaryOp, clamp_params, glu_params, scale_params, unary_op
 from ...types import Type
@@ -372,4 +373,4 @@ def glu_forward(node, dst, srcs):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, types.__file__, __file__)   # UnaryOp's values
