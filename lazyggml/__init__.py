@@ -29,7 +29,8 @@ from .backend import (Device, Backend, Registry, DeviceType, tensor_set, tensor_
                       tensor_memset, tensor_copy, tensor_copy_async, tensor_set_async, backend_graph_compute,
                       event_new, event_synchronize)
 from .registry import (register_backend, reg_count, reg_get, reg_by_name, dev_count, dev_get, dev_by_name,
-                       dev_by_type, backend_init_by_name, backend_init_by_type, backend_init_best)
+                       dev_by_type, backend_init_by_name, backend_init_by_type, backend_init_best, rpc_add_server,
+                       rpc_device)
 from .backends.cpu import set_n_threads, backend_cpu_init
 from .quants import quantize, dequantize
 from .alloc import (Gallocr, Tallocr, DynTallocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft,

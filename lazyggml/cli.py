@@ -198,7 +198,7 @@ def _load(args, path, out=None):
     model = load_model(path, n_gpu_layers=args.n_gpu_layers, device=args.device, n_ctx=args.ctx_size,
                        n_threads=args.threads, progress=sys.stderr.isatty(), tensor_split=args.tensor_split,
                        n_batch=args.ubatch_size, flash_attn={"on": True, "off": False}.get(args.flash_attn),
-                       mmap=not args.no_mmap)
+                       mmap=not args.no_mmap, rpc=args.rpc)
     # One decode step, then forgotten: on a first run it compiles the one-token kernels now, before
     # any output, instead of stalling after the first token (the prompt's kernels compile during
     # the prefill, which comes before any output too). Later runs load them in milliseconds.
@@ -386,6 +386,31 @@ def _info(args):
     return 0
 
 
+def _rpc_server(args):
+    """``lazyggml rpc-server``: serve devices until Ctrl-C (exit 130, as any interrupted command)."""
+    from .backends.rpc.server import serve
+    from .cache import CACHE_DIR
+    from .registry import dev_by_name, dev_count, dev_get
+    from .backend import DeviceType
+    if args.device:
+        devices = []
+        for name in args.device.split(","):
+            d = dev_by_name(name.strip())
+            if d is None:
+                raise ValueError(f"--device: no device named {name.strip()!r}; see `lazyggml info`")
+            devices.append(d)
+    else:   # ggml-rpc-server's default: the GPUs, else the CPU
+        all_devices = [dev_get(i) for i in range(dev_count())]
+        devices = [d for d in all_devices if d.type in (DeviceType.GPU, DeviceType.IGPU)] or \
+                  [d for d in all_devices if d.type == DeviceType.CPU]
+    if args.threads is not None and args.threads > _usable_cpus():
+        print(f"lazyggml: note: -t {args.threads} capped to {_usable_cpus()}, the CPUs this process may use",
+              file=sys.stderr)
+        args.threads = _usable_cpus()
+    cache_dir = os.path.join(CACHE_DIR, "rpc") if args.cache else None
+    return serve(devices, host=args.host, port=args.port, cache_dir=cache_dir, n_threads=args.threads)
+
+
 def _warmup(args):
     from .warmup import warmup
 
@@ -418,6 +443,9 @@ def build_parser():
         sp.add_argument("--device", default=None,
                         help="devices to offload to, comma-separated, e.g. CUDA0,CUDA1 (default: every GPU); "
                              "needs -ngl")
+        sp.add_argument("--rpc", default=None, metavar="HOST:PORT[,HOST:PORT]",
+                        help="GGML RPC servers (lazyggml rpc-server or llama.cpp's ggml-rpc-server) whose devices "
+                             "take offloaded layers, before local GPUs")
         sp.add_argument("-ts", "--tensor-split", default=None, type=_ratios,
                         help="share of the offloaded layers per device, e.g. 3,1 (default: by free memory)")
         sp.add_argument("-c", "--ctx-size", type=_number(int, 1), default=None,
@@ -462,6 +490,19 @@ def build_parser():
     gd = sub.add_parser("graph-demo", help="build and compute a small graph, compared with NumPy")
     gd.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
     gd.set_defaults(fn=_graph_demo)
+    rs = sub.add_parser("rpc-server", help="serve this machine's devices to GGML RPC clients (--rpc of lazyggml "
+                                           "and of llama.cpp)")
+    rs.add_argument("-H", "--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1). The protocol has no authentication: "
+                         "whoever reaches the port can use the devices and read their memory")
+    rs.add_argument("-p", "--port", type=_number(int, 1, 65535), default=50052, help="TCP port (default 50052)")
+    rs.add_argument("-d", "--device", default=None,
+                    help="devices to serve, comma-separated, e.g. CUDA0 (default: every GPU, else the CPU)")
+    rs.add_argument("-t", "--threads", type=_number(int, 1), default=None, help="CPU threads (default: all usable)")
+    rs.add_argument("-c", "--cache", action="store_true",
+                    help="keep tensors above 10 MiB in a local file cache by content hash, so that a client "
+                         "loading the same weights again sends only their hashes")
+    rs.set_defaults(fn=_rpc_server)
     i = sub.add_parser("info", help="list devices and buffer types")
     i.set_defaults(fn=_info)
     w = sub.add_parser("warmup", help="compile every kernel into the on-disk cache ahead of time")

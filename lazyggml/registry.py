@@ -12,7 +12,8 @@ import os
 from .backend import DeviceType
 
 __all__ = ["register_backend", "reg_count", "reg_get", "reg_by_name", "dev_count", "dev_get", "dev_by_name",
-           "dev_by_type", "backend_init_by_name", "backend_init_by_type", "backend_init_best"]
+           "dev_by_type", "backend_init_by_name", "backend_init_by_type", "backend_init_best", "rpc_add_server",
+           "rpc_device"]
 
 _registries = None
 
@@ -107,3 +108,24 @@ def backend_init_best():
         if d is not None:
             return d.init_backend()
     return None
+
+
+def rpc_add_server(endpoint, timeout=None):
+    """Connect to the GGML RPC server at ``"host:port"`` (lazyggml's ``lazyggml rpc-server`` or
+    llama.cpp's ``ggml-rpc-server``) and register its devices (``RPC0``, ...), GGML's
+    ``ggml_backend_rpc_add_server``; returns their ``Registry``. ``timeout``: seconds a reply may
+    take before the connection counts as dead (default ``client.DEFAULT_TIMEOUT``)."""
+    from .backends.rpc import client
+    reg = client.add_server(endpoint, client.DEFAULT_TIMEOUT if timeout is None else timeout)
+    if reg not in _regs():   # in place of a registry of the same server whose connection died
+        _regs()[:] = [r for r in _regs() if r.name != reg.name]
+        register_backend(reg)
+    return reg
+
+
+def rpc_device(endpoint, index=0, timeout=None):
+    """Device ``index`` of the RPC server at ``"host:port"``, connected and registered."""
+    reg = rpc_add_server(endpoint, timeout)
+    if not 0 <= index < reg.get_device_count():
+        raise ValueError(f"RPC server {endpoint} serves {reg.get_device_count()} device(s); there is no device {index}")
+    return reg.get_device(index)

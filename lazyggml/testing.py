@@ -42,7 +42,7 @@ from .tokenizer import BYTE_TO_UNICODE, SPIECE_UNDERLINE, TokenType, byte_encode
 from .types import QK_K, Type, as_type, blck_size, type_name
 
 __all__ = ["make_tiny_model", "make_tiny_llama", "q4_k_m_type", "LLAMA_FTYPE_MOSTLY_Q4_K_M", "StandInBufferType",
-           "StandInDevice", "StandInEvent", "DeferredBackend"]
+           "StandInDevice", "StandInEvent", "DeferredBackend", "RPCServerProcess"]
 
 LLAMA_FTYPE_MOSTLY_Q4_K_M = 15
 
@@ -416,3 +416,68 @@ class DeferredBackend(CPUBackend):
         # the other backend's queued work must come first; it may as well run now
         if event.backend is not None and event.backend is not self:
             event.backend.synchronize()
+
+
+# -- RPC servers in child processes: lazyggml's, and llama.cpp's own ---------------------------------
+# llama.cpp's RPC server: the C function its ggml-rpc-server tool calls (ggml_backend_rpc_start_server),
+# from the llama-cpp-python build (CMAKE_ARGS="-DGGML_RPC=ON"), serving GGML's CPU device
+_LLAMA_RPC_SERVER = r"""
+import ctypes, sys
+from llama_cpp._ggml import libggml as lib
+lib.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+lib.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+reg = lib.ggml_backend_reg_by_name(b"RPC")
+if not reg:
+    sys.exit("llama-cpp-python was built without RPC: reinstall it with CMAKE_ARGS=-DGGML_RPC=ON")
+start = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
+                         ctypes.POINTER(ctypes.c_void_p))(
+    lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_start_server"))
+start(sys.argv[1].encode(), None, int(sys.argv[2]), 1, (ctypes.c_void_p * 1)(lib.ggml_backend_dev_by_type(0)))
+"""
+
+
+class RPCServerProcess:
+    """An RPC server on a free loopback port in a child process, until ``kill()`` (or the end of a
+    ``with``): ``engine`` ``"lazyggml"`` (``lazyggml rpc-server --device DEVICE``) or ``"llama.cpp"``
+    (GGML's own server on its CPU device). ``endpoint`` is its ``"127.0.0.1:port"``."""
+
+    def __init__(self, engine="lazyggml", device="CPU", threads=2, timeout=120):
+        import socket
+        import subprocess
+        import sys
+        import time
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.endpoint = f"127.0.0.1:{port}"
+        argv = ([sys.executable, "-m", "lazyggml.cli", "rpc-server", "--port", str(port), "--device", device,
+                 "-t", str(threads)] if engine == "lazyggml" else
+                [sys.executable, "-c", _LLAMA_RPC_SERVER, self.endpoint, str(threads)])
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + timeout
+        while True:   # until it accepts (the probe's empty connection is dropped, as any peer without HELLO)
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the {engine} RPC server exited with {self.proc.returncode}: "
+                                   f"{self.proc.stderr.read()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise RuntimeError(f"the {engine} RPC server did not listen within {timeout} s")
+                time.sleep(0.1)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kill()

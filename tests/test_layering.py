@@ -35,7 +35,7 @@ LAYERS = [
     ["lazyggml"],                 # the public API
     ["lazyggml.cli"],
 ]
-BACKENDS = ("cpu", "cuda", "opencl")
+BACKENDS = ("cpu", "cuda", "opencl", "rpc")
 
 
 def _modules():

@@ -38,7 +38,7 @@ from ..ops import op_desc
 from ..alloc import alloc_ctx_tensors_from_buft
 from ..buffer import BufferUsage, tensor_alloc
 from ..backend import DeviceType, host_layout, host_view, tensor_get, tensor_set
-from ..registry import dev_by_name, dev_count, dev_get
+from ..registry import dev_by_name, dev_count, dev_get, rpc_add_server
 from ..backends.cpu import backend_cpu_init, set_n_threads
 from ..errors import GGUFError, OutOfMemoryError
 from ..gguf_io import read_gguf
@@ -208,7 +208,7 @@ class Model:
     ``archs.Arch``, ``hp`` its ``HParams``."""
 
     def __init__(self, path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
-                 tensor_split=None, n_batch=None, flash_attn=None, mmap=True):
+                 tensor_split=None, n_batch=None, flash_attn=None, mmap=True, rpc=None):
         t0 = time.perf_counter()
         self.path = str(path)
         self.file = read_gguf(path)
@@ -223,7 +223,12 @@ class Model:
         cpu = backend_cpu_init()
         if n_threads:
             set_n_threads(cpu, n_threads)
-        devices = offload_devices(device) if n_gpu_layers > 0 else []
+        endpoints = rpc.split(",") if isinstance(rpc, str) else list(rpc or ())
+        remote = [d for ep in endpoints for d in rpc_add_server(ep.strip()).devices]
+        devices = []
+        if n_gpu_layers > 0:
+            devices = offload_devices(device) if device is not None else remote + [
+                d for d in offload_devices() if d not in remote]
         if n_gpu_layers > 0 and not devices:
             log.warning("no GPU-class device: all layers run on the CPU")
         placement = split_layers(hp.n_layer, n_gpu_layers, devices, tensor_split)
@@ -549,7 +554,7 @@ class Model:
 
 
 def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
-               tensor_split=None, n_batch=None, flash_attn=None, mmap=True):
+               tensor_split=None, n_batch=None, flash_attn=None, mmap=True, rpc=None):
     """Load a GGUF model of an architecture in ``archs.ARCHITECTURES`` (``lg.GGUFError`` if the
     file is malformed or unsupported).
 
@@ -560,7 +565,9 @@ def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, pr
     layer is on a GPU). ``flash_attn``: fused attention (``FLASH_ATTN_EXT``) on, off, or by default
     on when every layer's backend runs it (llama.cpp's ``-fa auto``). ``mmap``: CPU weights are used in
     place from the mapped file (llama.cpp's ``use_mmap``: held once, by the page cache); ``False``
-    copies them into memory of their own (``--no-mmap``)."""
+    copies them into memory of their own (``--no-mmap``). ``rpc``: GGML RPC servers (``"host:port"``,
+    a list or comma-separated): their devices come first among the devices layers are offloaded
+    to, as llama.cpp's ``--rpc`` puts them (``lg.rpc_add_server``)."""
     return Model(path, n_gpu_layers=n_gpu_layers, device=device, n_ctx=n_ctx, n_threads=n_threads,
                       progress=progress, tensor_split=tensor_split, n_batch=n_batch, flash_attn=flash_attn,
-                      mmap=mmap)
+                      mmap=mmap, rpc=rpc)

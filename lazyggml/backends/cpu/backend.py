@@ -156,9 +156,17 @@ def cpu_buffer_type():
     return cpu_device().get_buffer_type()
 
 
+class CPURegistry(Registry):
+    """The CPU's registry; its one extra function is GGML's ``ggml_backend_set_n_threads`` (what
+    llama.cpp's RPC server and lazyggml's look up to set a served CPU's threads)."""
+
+    def get_proc_address(self, name):
+        return set_n_threads if name == "ggml_backend_set_n_threads" else None
+
+
 def registry():
     dev = cpu_device()
-    return dev.reg or Registry("CPU", [dev])
+    return dev.reg or CPURegistry("CPU", [dev])
 
 
 def backend_cpu_init():

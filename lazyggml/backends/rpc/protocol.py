@@ -165,7 +165,7 @@ class WireTensor:
     @classmethod
     def unpack(cls, buf, offset=0):
         f = TENSOR.unpack_from(buf, offset)
-        name = f[48 + MAX_SRC].split(b"\0", 1)[0].decode("utf-8", "replace")
+        name = f[32 + MAX_SRC].split(b"\0", 1)[0].decode("utf-8", "replace")
         return cls(f[0], f[1], f[2], f[3:7], f[7:11], f[11], f[12:28], f[28], f[29:29 + MAX_SRC],
                    f[29 + MAX_SRC], f[30 + MAX_SRC], f[31 + MAX_SRC], name, f[33 + MAX_SRC])
 
@@ -198,6 +198,9 @@ class Channel:
     def __init__(self, sock, peer):
         self.sock, self.peer = sock, peer
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # what crossed the wire (docs/distributed.md's figures): bytes each way, and the commands
+        # that waited for a reply (round trips)
+        self.bytes_sent = self.bytes_received = self.round_trips = 0
 
     @classmethod
     def connect(cls, endpoint, timeout):
@@ -211,6 +214,7 @@ class Channel:
     def send(self, data, what):
         try:
             self.sock.sendall(data)
+            self.bytes_sent += len(data)
         except OSError as e:
             raise RPCError(f"RPC peer {self.peer}: {what}: send failed ({e.strerror or e})") from None
 
@@ -228,18 +232,21 @@ class Channel:
             if k == 0:
                 raise RPCError(f"RPC peer {self.peer}: {what}: the connection was closed")
             got += k
+        self.bytes_received += n
         return out
 
     # -- client side -----------------------------------------------------------------------------
     def command(self, cmd, payload=b"", reply_size=None):
         """Send ``cmd`` with ``payload``; for a command with a reply, receive it and check its size
         (``reply_size``; None: any, for GET_TENSOR's bytes)."""
-        self.send(HEADER.pack(cmd, len(payload)) + bytes(payload) if len(payload) < 1 << 16
-                  else HEADER.pack(cmd, len(payload)), cmd.name)
-        if len(payload) >= 1 << 16:
+        if len(payload) < 1 << 16:   # one segment; a large payload is not copied to be joined
+            self.send(HEADER.pack(cmd, len(payload)) + bytes(payload), cmd.name)
+        else:
+            self.send(HEADER.pack(cmd, len(payload)), cmd.name)
             self.send(payload, cmd.name)
         if cmd not in REPLIES:
             return None
+        self.round_trips += 1
         size = U64.unpack(self.recv_exact(8, cmd.name))[0]
         if reply_size is not None and size != reply_size:
             raise RPCError(f"RPC peer {self.peer}: {cmd.name}: reply of {size} bytes, expected {reply_size}")
