@@ -44,6 +44,12 @@ memory. The seed is random per process unless ``LAZYGGML_TEST_SEED`` is set; a f
 
 The oracles and their helpers (``np_permute``, ``rope_ref``, ``soft_max_ref``, ``q_round``...) are
 independent float64 NumPy code: they follow GGML's definitions, never lazyggml's kernels.
+
+Row indices out of range
+------------------------
+No case has one: the CPU raises ``IndexError`` for it. ``run_rows_out_of_range(backend, op, type,
+index type)`` checks what the GPU backends do instead (``ops.get_rows``, ``ops.set_rows``): good
+rows right, GET_ROWS' other rows zeros, no byte written that a good index does not name.
 """
 from __future__ import annotations
 
@@ -902,3 +908,80 @@ assert len({c.name for c in CASES}) == len(CASES), "case names must be unique"
 # the cases without products: what a GPU simulator runs in a minute (numba-cuda's runs every GPU thread
 # as a Python thread; a product takes it seconds, attention a minute, flash attention over 259 cells two)
 LIGHT_CASES = [c for c in CASES if c.family not in ("mul_mat", "attention") and c.name not in _SIM_HEAVY]
+
+
+# =================================================================================================
+# Row indices out of range: what the GPU backends promise
+# =================================================================================================
+# GGML leaves an index outside the rows of the tensor it indexes undefined. lazyggml's CPU raises
+# IndexError (tests/test_backend_ops.py), so no catalogue case holds one (every case runs on the
+# CPU and warms it up). A GPU kernel makes such an index harmless instead (ops.get_rows,
+# ops.set_rows): GET_ROWS writes a row of zeros, SET_ROWS writes nothing, and no memory outside the
+# tensor is touched. A server computing other people's graphs relies on that; these checks say it.
+OOR_ROWS = 6   # rows of the indexed tensor
+
+
+def out_of_range_indices(itype):
+    """Indices [2 planes, 8] into a tensor of ``OOR_ROWS`` rows: in each plane 4 distinct good ones
+    and 4 bad ones. -1 and ``OOR_ROWS`` are the rows just before and after a plane (another plane's
+    row, or a canary); the extremes would have a kernel read or write far out of its buffer (2^20
+    read and 2^26 crashed an H200 once); as I64, ``2^32 + 1`` is row 1 if cut to 32 bits."""
+    n = OOR_ROWS
+    x = (2**26, -2**31, 2**31 - 1, 2**20) if itype == I32 else (2**40, -2**63, 2**63 - 1, 2**32 + 1)
+    return np.array([[0, -1, 1, n, 2, x[0], 3, x[1]],
+                     [x[3], 2, -1, 3, n, 4, x[2], 5]], np.int64)
+
+
+def run_rows_out_of_range(backend, op, type_, itype):
+    """GET_ROWS (``op`` "get_rows") or SET_ROWS ("set_rows") of ``type_`` rows on ``backend`` with
+    ``out_of_range_indices(itype)``: ``"ok"``, ``"unsupported"``, or AssertionError.
+
+    The indexed tensor ``a`` [n0, OOR_ROWS, 2] is the middle two planes of ``big`` [n0, OOR_ROWS,
+    4] in the same buffer, whose outer planes are canaries: index -1 of a's first plane is the row
+    of ``big`` just before ``a``, index ``OOR_ROWS`` of its second plane the row just after; the
+    same indices in the other plane name a row of ``a``'s other plane, one no good index targets.
+    Checked: the good rows' values (NMSE, as ``run_case``); GET_ROWS' other rows are zeros and no
+    byte of ``big`` changed; SET_ROWS changed no byte of ``big`` but the rows its good indices name.
+    """
+    n0 = max(32, blck_size(type_))
+    idx_v = out_of_range_indices(itype)
+    good = (idx_v >= 0) & (idx_v < OOR_ROWS)
+    rng = np.random.default_rng(zlib.crc32(f"{op} {type_name(type_)} {type_name(itype)}".encode()))
+    ctx = Context(no_alloc=True)
+    with ctx:
+        big = ctx.new_tensor(type_, (n0, OOR_ROWS, 4))
+        a = ops.view_3d(big, n0, OOR_ROWS, 2, big.nb[1], big.nb[2], big.nb[2])
+        idx = ctx.new_tensor(itype, (8, 2))
+        b = ctx.new_tensor(F32, (n0, 8, 2)) if op == "set_rows" else None
+        out = ops.get_rows(a, idx) if b is None else ops.set_rows(a, b, idx)
+    g = Graph()
+    g.build_forward_expand(out)
+    if not all(backend.device.supports_op(n) for n in g.nodes):
+        return "unsupported"
+    alloc_ctx_tensors(ctx, backend)
+    tensor_set(big, _encode(big, rng.uniform(-1.0, 1.0, (1, 4, OOR_ROWS, n0))))
+    tensor_set(idx, _encode(idx, idx_v))
+    b_v = rng.uniform(-1.0, 1.0, (2, 8, n0))
+    if b is not None:
+        tensor_set(b, b_v.astype(np.float32))
+    before = tensor_get_bytes(big).reshape(4, OOR_ROWS, -1)   # bytes per (plane, row)
+    big_v = decode(big, tensor_get(big))[0]
+    backend_graph_compute(backend, g)
+    after = tensor_get_bytes(big).reshape(4, OOR_ROWS, -1)
+    what = f"{op}({type_name(type_)}, idx {type_name(itype)}) out of range"
+    p, j = np.nonzero(good)              # the good indices: plane of a, position in the plane
+    rows = (p + 1, idx_v[p, j])          # the rows of big they name
+    if b is None:
+        assert np.array_equal(after, before), f"{what}: the source was written"
+        got = decode(out, tensor_get(out))[0]
+        assert not got[~good].any(), f"{what}: the rows of bad indices are not zeros"
+        msg = compare(got[p, j], big_v[rows], MAX_NMSE)
+    else:
+        untouched = np.ones((4, OOR_ROWS), bool)
+        untouched[rows] = False
+        written = np.argwhere(np.any(after != before, axis=-1) & untouched).tolist()
+        assert not written, f"{what}: rows [plane of big, row] that no good index names were written: {written}"
+        got = decode(big, tensor_get(big))[0]
+        msg = compare(got[rows], q_round(type_, b_v[p, j]), MAX_NMSE)
+    assert msg is None, f"{what}: good rows: {msg}"
+    return "ok"

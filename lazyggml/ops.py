@@ -735,7 +735,11 @@ _INDEX_TYPES = (Type.I32, Type.I64)
 
 
 def get_rows(a, b, *, ctx=None):
-    """Gather rows of ``a`` [n_embd, n_rows, p, q] by the indices ``b`` [n, p, q] -> [n_embd, n, p, q]."""
+    """Gather rows of ``a`` [n_embd, n_rows, p, q] by the indices ``b`` [n, p, q] -> [n_embd, n, p, q].
+
+    An index outside ``[0, n_rows)`` is undefined in GGML (its CPU asserts). Here the CPU raises
+    ``IndexError`` when the graph is computed; a GPU (CUDA, OpenCL) reads nothing for it and writes
+    a row of zeros: raising there would need a read-back from the device at every step."""
     _need("get_rows", a, b)
     if b.type not in _INDEX_TYPES:
         _fail("get_rows", "indices must be I32 or I64", a, b, error=TensorTypeError)
@@ -747,7 +751,11 @@ def get_rows(a, b, *, ctx=None):
 
 
 def set_rows(a, b, c, *, ctx=None):
-    """Write the rows of ``b`` into ``a`` at the row indices ``c``; the result is a view of ``a``."""
+    """Write the rows of ``b`` into ``a`` at the row indices ``c``; the result is a view of ``a``.
+
+    An index outside ``[0, a.ne[1])`` is undefined in GGML (its CPU asserts). Here the CPU raises
+    ``IndexError`` when the graph is computed; a GPU (CUDA, OpenCL) skips that row of ``b``:
+    nothing is written for it, and nothing is raised."""
     _need("set_rows", a, b, c)
     if a.ne[0] != b.ne[0] or a.ne[2] != b.ne[2] or a.ne[3] != b.ne[3]:
         _fail("set_rows", "a and b must agree in dims 0, 2, 3", a, b, c)

@@ -738,3 +738,23 @@ if CHILD:
             assert result == "unsupported", f"{case.name} runs on CUDA now: strike it off CUDA_GAPS"
         else:
             assert result != "unsupported", f"{case.name}: the CUDA backend refuses it"
+
+    from lazyggml.op_cases import run_rows_out_of_range  # noqa: E402
+    from lazyggml.types import WEIGHT_TYPES, Type, type_name  # noqa: E402
+
+    # Row indices out of range (op_cases.run_rows_out_of_range) through each kernel that reads them:
+    # get_rows_f (F32, F16, BF16), dequant.rows_kernel (every quantized weight type), rows.set_rows
+    # (F32, F16, BF16), setq.rows_kernel (every quantizer it has). Before the kernels checked, the
+    # simulator raised IndexError for the large indices and wrote neighbouring rows for -1; an
+    # H200 read out of bounds silently or failed with CUDA_ERROR_ILLEGAL_ADDRESS.
+    _OOR_CASES = [(op, t, it) for op, types in (
+        ("get_rows", WEIGHT_TYPES),
+        ("set_rows", (Type.F32, Type.F16, Type.BF16, Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1)))
+        for t in types for it in (Type.I32, Type.I64)]
+
+    @pytest.mark.parametrize("op, type_, itype", _OOR_CASES,
+                             ids=[f"{op}({type_name(t)}, idx {type_name(it)})" for op, t, it in _OOR_CASES])
+    def test_sim_rows_out_of_range(be, op, type_, itype):
+        """An index outside the indexed tensor touches no memory: GET_ROWS gives a row of zeros,
+        SET_ROWS writes nothing, the good rows are right; no error is raised."""
+        assert run_rows_out_of_range(be, op, type_, itype) == "ok"

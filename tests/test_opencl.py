@@ -28,7 +28,7 @@ from lazyggml.backends.opencl import backend as opencl
 from lazyggml.backends.cpu import backend_cpu_init
 from lazyggml.quants import dequantize, quantize
 from lazyggml.sched import Scheduler
-from lazyggml.types import Type, row_size
+from lazyggml.types import Type, row_size, type_name
 
 if lg.dev_by_name("OpenCL0") is None:
     pytest.skip("no OpenCL device (pip install 'lazyggml[opencl]' for PoCL's CPU device), or "
@@ -83,6 +83,22 @@ def test_op_table(case, ocl):
         assert result == "unsupported", f"{case.name} runs on OpenCL now: strike it off OPENCL_GAPS"
     else:
         assert result != "unsupported", f"{case.name}: the OpenCL backend does not claim it"
+
+
+# Row indices out of range (op_cases.run_rows_out_of_range): the float kernels and a few quantized
+# ones (one macro makes them all; Q4_K is read with 16-byte loads). Before the kernels checked their
+# indices, these cases crashed PoCL (SIGSEGV, SIGBUS): a regression fails the test run that way too.
+_OOR_CASES = [(op, t, it) for op, types in (("get_rows", (F32, F16, Type.BF16, Type.Q4_0, Q8_0, Q4_K, Q6_K)),
+                                            ("set_rows", (F32, F16)))
+              for t in types for it in (Type.I32, Type.I64)]
+
+
+@pytest.mark.parametrize("op, type_, itype", _OOR_CASES,
+                         ids=[f"{op}({type_name(t)}, idx {type_name(it)})" for op, t, it in _OOR_CASES])
+def test_rows_out_of_range(op, type_, itype, ocl):
+    """An index outside the indexed tensor touches no memory: GET_ROWS gives a row of zeros, SET_ROWS
+    writes nothing, the good rows are right."""
+    assert table.run_rows_out_of_range(ocl, op, type_, itype) == "ok"
 
 
 # -- MUL_MAT ------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda
 
 from ...types import KVALUES_IQ4NL, Type, blck_size, type_size
-from .common import device, jit_kernel, plane
+from .common import F32_ZERO, device, jit_kernel, plane
 from .elementwise import BLOCK, grid_rows
 
 DQ_RUN = 8
@@ -179,12 +179,14 @@ QUANT_TYPES = tuple(DEQUANTIZE)
 
 def _make_rows_kernel(value):
     @jit_kernel()
-    def dequantize_rows(qsh, bs, u8, h, idx, has_idx, dst, ne0, ne10, ne11, ne12, nb01, nb02, nb03,
+    def dequantize_rows(qsh, bs, u8, h, idx, has_idx, dst, ne0, ne01, ne10, ne11, ne12, nb01, nb02, nb03,
                         si0, si1, si2, sd1, sd2, sd3):
-        """Rows of the quantized ``a`` (byte strides nb01..nb03) to F32 or F16 ``dst`` (element
-        strides sd1..sd3): ``dst[:, i10, i11, i12] = a[:, r, i11, i12]`` with ``r = idx[i10, i11,
-        i12]``, or ``r = i10`` without an index. Walked as rows (``elementwise.grid_rows`` over
-        runs of 8); ``qsh`` is log2 of the block size, so a value's block is a shift."""
+        """Rows of the quantized ``a`` (``ne01`` rows, byte strides nb01..nb03) to F32 or F16
+        ``dst`` (element strides sd1..sd3): ``dst[:, i10, i11, i12] = a[:, r, i11, i12]`` with
+        ``r = idx[i10, i11, i12]``, or ``r = i10`` without an index; an index outside
+        ``[0, ne01)`` gives a row of zeros and reads nothing (``rows.py``). Walked as rows
+        (``elementwise.grid_rows`` over runs of 8); ``qsh`` is log2 of the block size, so a
+        value's block is a shift."""
         x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         dx = cuda.gridDim.x * cuda.blockDim.x
         qm = (1 << qsh) - 1
@@ -195,16 +197,22 @@ def _make_rows_kernel(value):
             i10 = cuda.blockIdx.y
             while i10 < ne10:
                 r = idx[i10 * si0 + i11 * si1 + i12 * si2] if has_idx else i10
-                ra = r * nb01 + i11 * nb02 + i12 * nb03
                 rd = i10 * sd1 + i11 * sd2 + i12 * sd3
                 c = x0
-                while c < nrun:
-                    i0 = DQ_RUN * c
-                    B = ra + (i0 >> qsh) * bs
-                    j = i0 & qm
-                    for t in range(DQ_RUN):
-                        dst[rd + i0 + t] = value(u8, h, B, j + t)
-                    c += dx
+                if r < 0 or r >= ne01:      # an index out of range: a row of zeros, nothing read
+                    while c < nrun:
+                        for t in range(DQ_RUN):
+                            dst[rd + DQ_RUN * c + t] = F32_ZERO
+                        c += dx
+                else:
+                    ra = r * nb01 + i11 * nb02 + i12 * nb03
+                    while c < nrun:
+                        i0 = DQ_RUN * c
+                        B = ra + (i0 >> qsh) * bs
+                        j = i0 & qm
+                        for t in range(DQ_RUN):
+                            dst[rd + i0 + t] = value(u8, h, B, j + t)
+                        c += dx
                 i10 += cuda.gridDim.y
             i23 += cuda.gridDim.z
 
@@ -226,5 +234,5 @@ def launch_dequantize(stream, u8, h, dst, t):
     """Dequantize tensor ``t`` (viewed as ``u8``/``h``) into the contiguous F32 or F16 array ``dst``."""
     ne = t.ne
     rows_kernel(t.type)[rows_grid(ne), BLOCK, stream](
-        blck_size(t.type).bit_length() - 1, type_size(t.type), u8, h, u8, False, dst, *ne, *t.nb[1:],
-        0, 0, 0, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2])
+        blck_size(t.type).bit_length() - 1, type_size(t.type), u8, h, u8, False, dst, ne[0], ne[1], *ne[1:],
+        *t.nb[1:], 0, 0, 0, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2])

@@ -320,12 +320,12 @@ def get_rows_op(be, node):
     vi = be.view(idx, DTYPE[idx.type])
     if a.type in STORE_TYPES:
         get_rows_f[grid_rows(ne), BLOCK, be.stream](
-            be.view(a, DTYPE[a.type]), a.type == BF16, vi, be.view(node, np.float32), *ne, *elem_strides(a), *si,
-            *sd)
+            be.view(a, DTYPE[a.type]), a.type == BF16, vi, be.view(node, np.float32), ne[0], a.ne[1], *ne[1:],
+            *elem_strides(a), *si, *sd)
     else:
         rows_kernel(a.type)[rows_grid(ne), BLOCK, be.stream](
             blck_size(a.type).bit_length() - 1, type_size(a.type), be.view(a, np.uint8), be.view(a, np.float16),
-            vi, True, be.view(node, np.float32), *ne, *a.nb[1:], *si, *sd)
+            vi, True, be.view(node, np.float32), ne[0], a.ne[1], *ne[1:], *a.nb[1:], *si, *sd)
 
 
 def _launch_quantize_rows(be, x, idx, node):
@@ -338,7 +338,7 @@ def _launch_quantize_rows(be, x, idx, node):
         ni, si = idx.ne[1:3], elem_strides(idx)[:3]
     quantize_rows_kernel(node.type)[grid_rows((ne[0] // 32, *ne[1:])), BLOCK, be.stream](
         be.view(x, DTYPE[x.type]), vi, idx is not None, be.view(node, np.uint8), be.view(node, np.float16),
-        type_size(node.type), *ne, *elem_strides(x)[1:], *ni, *si, *node.nb[1:])
+        type_size(node.type), *ne, *elem_strides(x)[1:], *ni, *si, node.ne[1], *node.nb[1:])
 
 
 @forward(Op.SET_ROWS, supports=lambda n: (n.src[0].type == F32 and n.src[1].type in (Type.I32, Type.I64)
@@ -351,7 +351,7 @@ def set_rows_op(be, node):
     set_rows[grid_rows(b.ne), BLOCK, be.stream](
         be.view(b, np.float32), be.view(idx, DTYPE[idx.type]), be.view(node, DTYPE[node.type]), node.type == BF16,
         *b.ne,
-        *elem_strides(b)[1:], idx.ne[1], idx.ne[2], *elem_strides(idx)[:3], *elem_strides(node)[1:])
+        *elem_strides(b)[1:], idx.ne[1], idx.ne[2], *elem_strides(idx)[:3], node.ne[1], *elem_strides(node)[1:])
 
 
 # -- reductions ------------------------------------------------------------------------------------

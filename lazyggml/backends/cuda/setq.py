@@ -140,10 +140,11 @@ QUANTIZE = {Type.Q8_0: _q8_0, Type.Q4_0: _q4_0, Type.Q4_1: _q4_1, Type.Q5_0: _q5
 def _make_rows_kernel(quant):
     @jit_kernel()
     def quantize_rows(x, idx, has_idx, u8, h, bs, ne0, ne1, ne2, ne3, s1, s2, s3, ni1, ni2, si0, si1, si2,
-                      nb1, nb2, nb3):
+                      nd1, nb1, nb2, nb3):
         """Row ``(i1, i2, i3)`` of the float ``x`` (rows contiguous) into row ``r`` of the quantized
-        destination (byte strides nb1..nb3): ``r = idx[i1, i2 % ni1, i3 % ni2]`` (SET_ROWS), or
-        ``r = i1`` without an index (CPY)."""
+        destination (``nd1`` rows, byte strides nb1..nb3): ``r = idx[i1, i2 % ni1, i3 % ni2]``
+        (SET_ROWS), or ``r = i1`` without an index (CPY). An index outside ``[0, nd1)`` writes
+        nothing (``rows.py``)."""
         x0 = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         dx = cuda.gridDim.x * cuda.blockDim.x
         nblocks = ne0 // 32
@@ -153,12 +154,13 @@ def _make_rows_kernel(quant):
             i1 = cuda.blockIdx.y
             while i1 < ne1:
                 r = idx[i1 * si0 + wrap(i2, ni1) * si1 + wrap(i3, ni2) * si2] if has_idx else i1
-                xb = i1 * s1 + i2 * s2 + i3 * s3
-                B0 = r * nb1 + i2 * nb2 + i3 * nb3
-                kb = x0
-                while kb < nblocks:
-                    quant(x, xb + 32 * kb, u8, h, B0 + kb * bs)
-                    kb += dx
+                if r >= 0 and r < nd1:      # an index out of range writes nothing
+                    xb = i1 * s1 + i2 * s2 + i3 * s3
+                    B0 = r * nb1 + i2 * nb2 + i3 * nb3
+                    kb = x0
+                    while kb < nblocks:
+                        quant(x, xb + 32 * kb, u8, h, B0 + kb * bs)
+                        kb += dx
                 i1 += cuda.gridDim.y
             i23 += cuda.gridDim.z
 
