@@ -50,6 +50,7 @@ N_CTX = 512
 def model_path(name, model_dir):
     if name == "default":
         return os.path.join(ROOT, "lazyggml", "data", "default.gguf")
+    os.makedirs(model_dir, exist_ok=True)
     path = os.path.join(model_dir, "llama-125m-q4_k_m.gguf")
     if not os.path.exists(path):
         make_tiny_model(path, **BIG)

@@ -420,7 +420,7 @@ def test_decode_graphs_are_kept_per_kv_window(tmp_path, monkeypatch):
     model = lg.load_model(path)
     built = []
     real = model._build
-    monkeypatch.setattr(model, "_build", lambda *key: built.append(key) or real(*key))
+    monkeypatch.setattr(model, "_build", lambda sched, *key: built.append(key) or real(sched, *key))
 
     def decode_at(depth):
         model.reset()
@@ -458,7 +458,7 @@ def test_prompt_graphs_are_kept_per_shape(tmp_path, monkeypatch):
     model = lg.load_model(path, n_batch=64)
     built = []
     real = model._build
-    monkeypatch.setattr(model, "_build", lambda *key: built.append(key) or real(*key))
+    monkeypatch.setattr(model, "_build", lambda sched, *key: built.append(key) or real(sched, *key))
     first = model.eval(toks[:200], logits_all=False)            # micro-batches of 64, 64, 64, 8
     # (new schedulers reserve with (64, n_ctx, False))
     assert [k for k in built if k[0] > 1 and k[1] != 512] == [(64, 64, False), (64, 128, False), (64, 192, False),

@@ -40,7 +40,8 @@ class Peer:
             assert self.hello()[:3] == (7, 0, 0)
 
     def raw(self, cmd, payload=b"", size=None):
-        """Send a command with any payload and any announced size."""
+        """Send a command with any payload and any announced size (after those ``call`` held back)."""
+        self.ch.flush("raw")
         self.sock.sendall(HEADER.pack(cmd, len(payload) if size is None else size) + bytes(payload))
 
     def call(self, cmd, payload=b"", reply_size=None):

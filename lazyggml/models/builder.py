@@ -53,6 +53,7 @@ class GraphBuilder:
         self.ctx = Context()
         self.graph = Graph(model.sched.graph_size)
         self.logits = None
+        self.pins = []    # (tensor, backend) the scheduler must keep where they are (layer_out)
         hp, ctx = self.hp, self.ctx
         with ctx:
             self.tokens = ctx.new_tensor_1d(Type.I32, n_tokens)
@@ -84,6 +85,14 @@ class GraphBuilder:
     # -- blocks ---------------------------------------------------------------------------------------
     def embed(self):
         return ops.get_rows(self.w["token_embd.weight"], self.tokens)
+
+    def layer_out(self, x, il):
+        """Layer ``il``'s output (its last residual add), kept on the layer's backend. Without weights
+        of its own the scheduler would give it to the next layer's backend, and where that is another
+        device both its inputs (the FFN's output and the residual) would cross instead of it alone:
+        twice the bytes between devices at every layer boundary (a GPU's, an RPC server's)."""
+        self.pins.append((x, self.layer_backends[il]))
+        return x
 
     def norm(self, x, name):
         """``rms_norm(x) * w[name]``: over the first dimension (a row, or a head's row)."""

@@ -45,5 +45,5 @@ def build_gemma3(b):
         x = ops.add(b.norm(a, blk + "post_attention_norm.weight"), x)
         h = b.norm(x, blk + "ffn_norm.weight")
         f = b.linear(ops.geglu_split(b.linear(h, blk + "ffn_gate"), b.linear(h, blk + "ffn_up")), blk + "ffn_down")
-        x = ops.add(b.norm(f, blk + "post_ffw_norm.weight"), x)
+        x = b.layer_out(ops.add(b.norm(f, blk + "post_ffw_norm.weight"), x), il)
     return b.output(x)

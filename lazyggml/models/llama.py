@@ -31,5 +31,5 @@ def build_llama(b):
     for il in range(b.hp.n_layer):
         blk = f"blk.{il}."
         x = ops.add(b.attn(il, *b.qkv(il, b.norm(x, blk + "attn_norm.weight"))), x)
-        x = ops.add(b.ffn(il, b.norm(x, blk + "ffn_norm.weight")), x)
+        x = b.layer_out(ops.add(b.ffn(il, b.norm(x, blk + "ffn_norm.weight")), x), il)
     return b.output(x)

@@ -45,5 +45,5 @@ def build_phi3(b):
         q = ops.scale(b.rope(q, il), float(np.float32(1) / np.sqrt(np.float32(hd))))
         x = ops.add(b.attn(il, q, b.rope(k, il), v, scale=1.0), x)
         h = b.norm(x, blk + "ffn_norm.weight")
-        x = ops.add(b.linear(ops.swiglu(b.linear(h, blk + "ffn_up")), blk + "ffn_down"), x)
+        x = b.layer_out(ops.add(b.linear(ops.swiglu(b.linear(h, blk + "ffn_up")), blk + "ffn_down"), x), il)
     return b.output(x)

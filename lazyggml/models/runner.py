@@ -402,17 +402,20 @@ class Model:
                     f"{_gib(weights + kv)} ({_gib(weights)} of weights, {_gib(kv)} of KV cache for a context "
                     f"of {self.n_ctx}); put fewer layers there (-ngl) or use a smaller context (-c)")
 
-    def _build(self, n_tokens, n_kv, logits_all):
+    def _build(self, sched, n_tokens, n_kv, logits_all):
+        """The graph of a batch, with the builder's pinned tensors assigned in ``sched``."""
         b = GraphBuilder(self, n_tokens, n_kv, logits_all).build()
+        for t, backend in b.pins:
+            sched.set_tensor_backend(t, backend)
         return b.graph, b.inputs, b.logits
 
     def _reserve(self, sched, n_tokens):
-        if not sched.reserve(self._build(n_tokens, self.n_ctx, False)[0]):
+        if not sched.reserve(self._build(sched, n_tokens, self.n_ctx, False)[0]):
             raise RuntimeError("the scheduler could not reserve the compute buffers")
 
     def _alloc(self, sched, key):
         sched.reset()
-        g, inputs, logits = self._build(*key)
+        g, inputs, logits = self._build(sched, *key)
         if not sched.alloc_graph(g):
             raise RuntimeError("the scheduler could not allocate the graph")
         return sched, g, inputs, logits, _HostIO(inputs + (logits,))

@@ -37,6 +37,7 @@ VERSION = (7, 0, 0)
 DEFAULT_PORT = 50052
 CONN_CAPS = bytes(24)         # HELLO's transport capabilities: all zero = plain TCP (no RDMA)
 HASH_THRESHOLD = 10 << 20     # GGML's client sends weights above this size by hash first
+COMBINE_MAX = 64 << 10        # commands without a reply below this size are sent together (Channel.command)
 
 
 class Cmd(enum.IntEnum):
@@ -201,6 +202,7 @@ class Channel:
         # what crossed the wire (docs/distributed.md's figures): bytes each way, and the commands
         # that waited for a reply (round trips)
         self.bytes_sent = self.bytes_received = self.round_trips = 0
+        self.pending = bytearray()   # client commands held back to be sent together (``command``)
 
     @classmethod
     def connect(cls, endpoint, timeout):
@@ -238,19 +240,35 @@ class Channel:
     # -- client side -----------------------------------------------------------------------------
     def command(self, cmd, payload=b"", reply_size=None):
         """Send ``cmd`` with ``payload``; for a command with a reply, receive it and check its size
-        (``reply_size``; None: any, for GET_TENSOR's bytes)."""
-        if len(payload) < 1 << 16:   # one segment; a large payload is not copied to be joined
-            self.send(HEADER.pack(cmd, len(payload)) + bytes(payload), cmd.name)
-        else:
-            self.send(HEADER.pack(cmd, len(payload)), cmd.name)
+        (``reply_size``; None: any, for GET_TENSOR's bytes).
+
+        Small commands without a reply (a step's input uploads) are held back and go out with the
+        next command that has a reply or starts a compute, in one send: a decode step is then two
+        sends instead of seven, and on loopback each send cost ~20-40 µs of waking the server."""
+        frame = HEADER.pack(cmd, len(payload))
+        if len(payload) < COMBINE_MAX:
+            self.pending += frame
+            self.pending += payload
+        else:                        # a large payload is sent as it is, not copied to be joined
+            self.flush(cmd.name)
+            self.send(frame, cmd.name)
             self.send(payload, cmd.name)
         if cmd not in REPLIES:
+            if cmd in (Cmd.GRAPH_COMPUTE, Cmd.GRAPH_RECOMPUTE) or len(self.pending) >= COMBINE_MAX:
+                self.flush(cmd.name)   # a compute starts now, not when its result is asked for
             return None
+        self.flush(cmd.name)
         self.round_trips += 1
         size = U64.unpack(self.recv_exact(8, cmd.name))[0]
         if reply_size is not None and size != reply_size:
             raise RPCError(f"RPC peer {self.peer}: {cmd.name}: reply of {size} bytes, expected {reply_size}")
         return self.recv_exact(size, cmd.name)
+
+    def flush(self, what):
+        """Send the commands held back by ``command``."""
+        if self.pending:
+            data, self.pending = bytes(self.pending), bytearray()
+            self.send(data, what)
 
     # -- server side -----------------------------------------------------------------------------
     def reply(self, payload):

@@ -77,6 +77,7 @@ __all__ = ["RPCServer", "serve", "MAX_GRAPH_SIZE"]
 log = logging.getLogger("lazyggml.rpc")
 
 MAX_GRAPH_SIZE = 256 << 20    # bytes of one GRAPH_COMPUTE: ~900,000 tensors, far beyond any model's graph
+MAX_RECORDS = 4096            # checked tensor records kept per connection (tensor_in_buffer)
 _PAGE = 4096                  # made-up bases are aligned to this (or the buffer type's alignment, if larger)
 _FIRST_BASE = 0x10000000000   # where a connection's made-up addresses start: any non-zero value would do
 _ADDRESS_END = 1 << 64        # they must stay u64
@@ -175,6 +176,7 @@ class _Connection:
         self.channel = None
         self.buffers = {}                 # handle -> _Remote
         self.graphs = {}                  # device index -> the Graph it last computed
+        self.records = {}                 # tensor record -> its checked tensor (tensor_in_buffer)
         self.handles = itertools.count(1)
         self.next_base = _FIRST_BASE
         self.handlers = {
@@ -320,10 +322,18 @@ class _Connection:
         t.buffer, t.offset = buffer, offset
 
     def tensor_in_buffer(self, payload, at=0):
-        """The tensor record at ``at`` of ``payload``, which must have memory (SET, GET, ...)."""
-        t = self.tensor(Context(), WireTensor.unpack(payload, at))
-        if t.buffer is None:
-            raise RPCError(f"tensor '{t.name}' has no buffer")
+        """The tensor record at ``at`` of ``payload``, which must have memory (SET, GET, ...). A record
+        seen before on this connection is the tensor checked then (``records``): a decode step
+        uploads the same inputs every token, and checking a record costs ~45 µs."""
+        rec = bytes(payload[at:at + TENSOR.size])
+        t = self.records.get(rec)
+        if t is None:
+            t = self.tensor(Context(), WireTensor.unpack(rec))
+            if t.buffer is None:
+                raise RPCError(f"tensor '{t.name}' has no buffer")
+            if len(self.records) >= MAX_RECORDS:
+                self.records.clear()
+            self.records[rec] = t
         return t
 
     @staticmethod
@@ -380,6 +390,7 @@ class _Connection:
         self.remote(handle).buffer.free()
         del self.buffers[handle]
         self.graphs.clear()    # as GGML: a stored graph may use the buffer
+        self.records.clear()   # and so may a checked record
 
     def buffer_clear(self, payload):
         handle, value = CLEAR_REQ.unpack(payload)
