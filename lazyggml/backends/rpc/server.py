@@ -45,9 +45,10 @@ stricter than GGML's:
   have its result and sources in memory the backend can use.
 
 Indices are data, known only when the graph runs (GET_ROWS, SET_ROWS, MUL_MAT_ID): the kernels
-check them, and a compute that fails (the CPU's raise on an index out of range) closes the
-connection too. CUDA's and OpenCL's GET_ROWS and SET_ROWS do not check yet, so serve those devices
-to trusted clients only.
+check them. The CPU's raise on an index out of range, which fails the compute and closes the
+connection; CUDA's and OpenCL's ignore such a row (a zero row read, no row written), so a graph
+never reaches memory outside its tensors on any device. A new buffer in device memory is cleared
+before a client gets it: no client reads what another left there.
 """
 from __future__ import annotations
 
