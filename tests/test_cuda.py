@@ -256,6 +256,18 @@ for k in kernels:
             assert nmse(got, got_cpu) <= QUANT_NMSE
 
     @gpu
+    def test_gpu_rows_out_of_range(cuda_backend):
+        """The simulator's row-index cases (test_sim_rows_out_of_range) on the GPU itself: an index
+        outside the indexed tensor reads zeros and writes nothing, no memory fault."""
+        from lazyggml.op_cases import run_rows_out_of_range
+        from lazyggml.types import WEIGHT_TYPES, Type
+        for op, types in (("get_rows", WEIGHT_TYPES), ("set_rows", (Type.F32, Type.F16, Type.BF16, Type.Q8_0,
+                                                                     Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1))):
+            for t in types:
+                for it in (Type.I32, Type.I64):
+                    assert run_rows_out_of_range(cuda_backend, op, t, it) == "ok", (op, t, it)
+
+    @gpu
     def test_gpu_backend_ops_cases(cuda_backend):
         """Every case of the op-case catalogue that the CUDA backend supports, on the GPU."""
         from lazyggml.op_cases import CASES, run_case
