@@ -207,3 +207,12 @@ def test_cli_generate_with_rpc(models):
     bad = subprocess.run([sys.executable, "-m", "lazyggml.cli", "generate", str(models["q4_k_m"]), "-ngl", "99",
                           "--rpc", f"127.0.0.1:{_free_port()}"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "cannot connect" in bad.stderr
+
+
+def test_our_server_serves_opencl_as_local_opencl_computes(models):
+    """``lazyggml rpc-server --device OpenCL0`` (PoCL here): the remote device's logits are the local
+    OpenCL device's, bit for bit (the same kernels)."""
+    want = lg.load_model(models["q4_k_m"], n_ctx=N_CTX, n_gpu_layers=99, device="OpenCL0").eval(TOKENS)
+    with RPCServerProcess("lazyggml", device="OpenCL0") as srv:
+        model = lg.load_model(models["q4_k_m"], n_ctx=N_CTX, n_gpu_layers=99, device=lg.rpc_device(srv.endpoint))
+        np.testing.assert_array_equal(model.eval(TOKENS), want)
