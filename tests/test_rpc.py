@@ -55,10 +55,12 @@ def llama_cpp_server():
 # llama.cpp's client: argv = model, json tokens, out.npy, endpoint or "" (local). GGML's client
 # aborts the process when a server is unreachable, hence a child.
 LLAMA_CLIENT_CHILD = r"""
-import ctypes, json, sys
+import ctypes, json, os, sys
 import numpy as np
 import llama_cpp
-from llama_cpp._ggml import libggml as lib
+# the libggml that libllama loaded (its soname, libggml.so.0): the wheel holds libggml.so as a copy,
+# not a link, and a device registered in that other copy's registry is one libllama never sees
+lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml.so.0"))
 path, tokens, out, endpoint = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
 if endpoint:
     lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
@@ -69,7 +71,7 @@ if endpoint:
     add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(
         lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_reg_by_name(b"RPC"), b"ggml_backend_rpc_add_server"))
     lib.ggml_backend_register(add(endpoint.encode()))
-llm = llama_cpp.Llama(path, n_ctx=64, n_threads=2, logits_all=True, verbose=False, flash_attn=False,
+llm = llama_cpp.Llama(path, n_ctx=64, n_threads=2, logits_all=True, verbose=bool(endpoint), flash_attn=False,
                       n_gpu_layers=99 if endpoint else 0)
 llm.eval(tokens)
 np.save(out, np.array(llm.scores[:len(tokens)], np.float32))
@@ -81,6 +83,8 @@ def llama_cpp_logits(path, tokens, tmp_path, endpoint=""):
     r = subprocess.run([sys.executable, "-c", LLAMA_CLIENT_CHILD, str(path), json.dumps(tokens), str(out), endpoint],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"llama.cpp's client failed ({r.returncode}):\n{r.stderr[-4000:]}"
+    if endpoint:   # llama.cpp's log: every layer on the RPC device, none left on its CPU
+        assert "using device RPC0" in r.stderr and "assigned to device CPU" not in r.stderr, r.stderr[-4000:]
     return np.load(out)
 
 
