@@ -231,8 +231,9 @@ class Channel:
                 raise RPCError(f"RPC peer {self.peer}: {what}: no answer (timed out)") from None
             except OSError as e:
                 raise RPCError(f"RPC peer {self.peer}: {what}: receive failed ({e.strerror or e})") from None
-            if k == 0:
-                raise RPCError(f"RPC peer {self.peer}: {what}: the connection was closed")
+            if k == 0:   # a server drops a client whose message it refuses, and says why in its log
+                raise RPCError(f"RPC peer {self.peer}: {what}: the connection was closed "
+                               f"(a server closes it on a message it refuses or fails to compute: see its log)")
             got += k
         self.bytes_received += n
         return out
