@@ -473,6 +473,7 @@ class RPCServerProcess:
                 time.sleep(0.1)
 
     def kill(self):
+        """Stop the server process (a GGML server has no stop command) and wait for it to end."""
         self.proc.kill()
         self.proc.wait()
 
