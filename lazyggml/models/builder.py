@@ -47,7 +47,7 @@ class GraphBuilder:
 
     def __init__(self, model, n_tokens, n_kv, logits_all):
         self.hp, self.w, self.arch = model.hp, model.w, model.arch
-        self.w_on, self.layer_backends = model.w_on, model.layer_backends
+        self.w_on, self.layer_backends, self.backends = model.w_on, model.layer_backends, model.backends
         self.k_cache, self.v_cache, self.flash_attn = model.k_cache, model.v_cache, model.flash_attn
         self.n_tokens, self.n_kv, self.logits_all, self.n_ctx = n_tokens, n_kv, logits_all, model.n_ctx
         self.ctx = Context()
@@ -90,8 +90,11 @@ class GraphBuilder:
         """Layer ``il``'s output (its last residual add), kept on the layer's backend. Without weights
         of its own the scheduler would give it to the next layer's backend, and where that is another
         device both its inputs (the FFN's output and the residual) would cross instead of it alone:
-        twice the bytes between devices at every layer boundary (a GPU's, an RPC server's)."""
-        self.pins.append((x, self.layer_backends[il]))
+        twice the bytes between devices at every layer boundary (a GPU's, an RPC server's). Not
+        where a backend offloads such a batch's ops from the CPU (CUDA, from 32 tokens): those run
+        there anyway, and llama.cpp pins nothing then either."""
+        if not any(b.offload_op(x) for b in self.backends):
+            self.pins.append((x, self.layer_backends[il]))
         return x
 
     def norm(self, x, name):
