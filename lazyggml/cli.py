@@ -369,9 +369,12 @@ def _info(args):
     import lazyggml as lg
     print(f"lazyggml {lg.__version__}")
     probes = _probe_ops()
-    for i in range(lg.dev_count()):
-        d = lg.dev_get(i)
-        free, total = d.memory()
+    for d in [lg.dev_get(i) for i in range(lg.dev_count())]:
+        try:
+            free, total = d.memory()
+        except lg.LazyGGMLError as e:   # an RPC server that has gone away: said, and the others listed
+            print(f"{d.name}: {d.description}: unreachable ({e})")
+            continue
         buft = d.get_buffer_type()
         # what the device is, when the scheduler treats it as another kind (PoCL's CPU device, a "GPU")
         hardware = getattr(d, "hardware_type", d.type)

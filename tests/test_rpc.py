@@ -220,3 +220,17 @@ def test_our_server_serves_opencl_as_local_opencl_computes(models):
     with RPCServerProcess("lazyggml", device="OpenCL0") as srv:
         model = lg.load_model(models["q4_k_m"], n_ctx=N_CTX, n_gpu_layers=99, device=lg.rpc_device(srv.endpoint))
         np.testing.assert_array_equal(model.eval(TOKENS), want)
+
+
+def test_a_dead_servers_devices_leave_the_device_list(models):
+    srv = lazyggml_server()
+    try:
+        dev = lg.rpc_device(srv.endpoint)
+        assert dev in [lg.dev_get(i) for i in range(lg.dev_count())]
+    finally:
+        srv.kill()
+    with pytest.raises(P.RPCError):
+        dev.memory()
+    assert dev not in [lg.dev_get(i) for i in range(lg.dev_count())]
+    from lazyggml.cli import main
+    assert main(["info"]) == 0

@@ -90,6 +90,8 @@ class _Server:
             self.channel = None
         for b in list(self.buffers):
             b.size = 0
+        if getattr(self, "registry", None) is not None:
+            self.registry.devices.clear()   # a server that is gone lists no devices (lazyggml info, -ngl)
         _servers.pop(self.endpoint, None)
         buffer_mod.placement_changed()
 
