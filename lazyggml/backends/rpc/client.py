@@ -53,6 +53,7 @@ class _Server:
 
     def __init__(self, endpoint, timeout):
         self.endpoint = endpoint
+        self.registry = None                # its devices (add_server)
         # a server serves one client at a time (GGML's and ours): a busy one accepts the connection
         # and answers HELLO only when its client leaves, so the handshake waits less than a reply
         self.channel = Channel.connect(endpoint, min(timeout, HELLO_TIMEOUT))
@@ -90,7 +91,7 @@ class _Server:
             self.channel = None
         for b in list(self.buffers):
             b.size = 0
-        if getattr(self, "registry", None) is not None:
+        if self.registry is not None:
             self.registry.devices.clear()   # a server that is gone lists no devices (lazyggml info, -ngl)
         _servers.pop(self.endpoint, None)
         buffer_mod.placement_changed()
