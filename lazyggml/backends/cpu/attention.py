@@ -29,6 +29,8 @@ GGML has three paths, and so do we, chosen from the shapes as GGML chooses:
   ``ms = expf(M_old - s)``, otherwise the cell's weight is ``vs = expf(s - M)``; ``acc = acc*ms``
   then ``acc += v*vs`` and ``S = S*ms + vs``. With F16 V the accumulator is GGML's ``VKQ16``: F16,
   so rounded to F16 after every step (``simd.round_f16x8``).
+  Its (query row, chunk of cells) items run as a job on the CPU backend's pool (``pool.py``):
+  a decode step's attention is a few heads of a few µs each, too little for an OpenMP region.
 * **split cells** (one query, ``ne3 == 1``, K and V both F16 or both F32, ``n_kv >= 512``):
   the cells are cut into ``n_threads`` chunks of ``ceil(n_kv / n_threads)``; each (head, chunk) runs
   row by row into a partial (M, S, acc), and ``_reduce_chunks`` combines them in chunk order in
@@ -53,10 +55,11 @@ from numba import njit, prange
 from ...cache import tie_cache
 from ...ops import Op, flash_attn_params
 from ...types import Type
-from . import common, elementwise, quant, simd
+from . import common, elementwise, pool, quant, simd
 from .table import forward
 from .common import KIND, KIND_F16, KIND_F32, as_bits, launch, parallel_kernel, to_f32, from_f32, unravel_row
 from .elementwise import v_expf
+from .pool import get_pool
 from .simd import (HAVE_AVX512, f16x8_to_f32, fma, hsum_f32x8, lane, load_f32x8, load_i16x8, round_f16x8, splat_f32x8,
                    store_f32x8, vadd, vmul)
 from .softmax import alibi_slopes
@@ -70,6 +73,7 @@ _NO_PARTS = np.zeros((1, 1, 1), np.float32)
 _BLOCK = 8            # cells whose dot products the row-by-row path takes together
 _TILE = 64            # GGML_FA_TILE_Q = GGML_FA_TILE_KV: batches of >= 64 queries take the tiled path
 _SPLIT_MIN_KV = 512   # one query over at least this many cells: the cells are split between threads
+ROW_CHUNKS_PER_THREAD = 2   # the row-by-row path's chunks on the pool, per thread
 
 
 @_kernel
@@ -330,31 +334,39 @@ def _tile(q, iq3, iq2, i0, i1, k, kr0, kst1, kkind, v, vr0, vst1, vkind, mask, m
 
 
 @parallel_kernel
-def flash_attn(q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask, slopes, scale, softcap, tiled,
-               nchunk, parts, stats, dst):
-    """One call for every path (module docstring): ``tiled``, or row by row in ``nchunk`` chunks of
-    cells (1: the rows are written to ``dst``; more: to ``parts`` and ``stats``, for
-    ``_reduce_chunks``)."""
+def flash_attn_tiled(q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask, slopes, scale, softcap, dst):
+    """The tiled path (module docstring): a prompt's query tiles over the threads (``prange``)."""
+    nq3, nq2, nq1, d = q.shape
+    nk3, nk2, n_kv = kshape
+    r2, r3 = nq2 // nk2, nq3 // nk3
+    scale32, softcap32 = np.float32(scale), np.float32(softcap)
+    ntile = (nq1 + _TILE - 1) // _TILE
+    for item in prange(nq3 * nq2 * ntile):
+        iq3, iq2, it = unravel_row(item, ntile, nq2)
+        ik2, ik3 = iq2 // r2, iq3 // r3
+        _tile(q, iq3, iq2, it * _TILE, min(nq1, it * _TILE + _TILE), k, ik3 * kst[0] + ik2 * kst[1], kst[2],
+              kkind, v, ik3 * vst[0] + ik2 * vst[1], vst[2], vkind, mask, mkind, has_mask, slopes[iq2],
+              scale32, softcap32, n_kv, dst)
+
+
+@_kernel
+def _rows_chunk(ch, nch, q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask, slopes, scale, softcap,
+                nchunk, parts, stats, dst):
+    """Chunk ``ch`` of ``nch`` of the row-by-row path (a pool job's body): its share of the items
+    (query row, chunk of cells), each written to ``dst`` (``nchunk`` 1) or to ``parts`` and
+    ``stats`` (more, for ``_reduce_chunks``)."""
     nq3, nq2, nq1, d = q.shape
     nk3, nk2, n_kv = kshape
     dv = dst.shape[3]
     r2, r3 = nq2 // nk2, nq3 // nk3
     scale32, softcap32 = np.float32(scale), np.float32(softcap)
-    if tiled:
-        ntile = (nq1 + _TILE - 1) // _TILE
-        for item in prange(nq3 * nq2 * ntile):
-            iq3, iq2, it = unravel_row(item, ntile, nq2)
-            ik2, ik3 = iq2 // r2, iq3 // r3
-            _tile(q, iq3, iq2, it * _TILE, min(nq1, it * _TILE + _TILE), k, ik3 * kst[0] + ik2 * kst[1], kst[2],
-                  kkind, v, ik3 * vst[0] + ik2 * vst[1], vst[2], vkind, mask, mkind, has_mask, slopes[iq2],
-                  scale32, softcap32, n_kv, dst)
-        return
+    n_items = nq3 * nq2 * nq1 * nchunk
     clen = (n_kv + nchunk - 1) // nchunk
-    for item in prange(nq3 * nq2 * nq1 * nchunk):
+    qh = np.empty(d, np.float32)
+    for item in range(ch * n_items // nch, (ch + 1) * n_items // nch):
         r, c = item // nchunk, item % nchunk
         iq3, iq2, iq1 = unravel_row(r, nq1, nq2)
         ik2, ik3 = iq2 // r2, iq3 // r3
-        qh = np.empty(d, np.float32)
         qr = q[iq3, iq2, iq1]
         for i in range(d):
             qh[i] = _stored(qr[i], kkind)
@@ -372,6 +384,14 @@ def flash_attn(q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask, s
         else:
             stats[r, c, 0] = big
             stats[r, c, 1] = total
+
+
+@_kernel
+def flash_attn_rows(state, nch, q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask, slopes, scale,
+                    softcap, nchunk, parts, stats, dst):
+    """The row-by-row path in ``nch`` chunks on the CPU backend's pool (``state``, pool.py)."""
+    pool.parallel_for(state, _rows_chunk, nch, (q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask,
+                                                 slopes, scale, softcap, nchunk, parts, stats, dst))
 
 
 @_kernel
@@ -428,9 +448,13 @@ def flash_attn_forward(node, dst, srcs):
         parts = np.empty((q_t.ne[2], nchunk, v_t.ne[0]), np.float32)
         stats = np.empty((q_t.ne[2], nchunk, 2), np.float32)
     work = q_t.ne[1] * q_t.ne[2] * q_t.ne[3] * n_kv * (k_t.ne[0] + v_t.ne[0])
-    steps = [launch(flash_attn, work, srcs[0], k, srcs[1].shape[:3], kst, KIND[k_t.type], v, vst, KIND[v_t.type],
-                    mask, mkind, mask_t is not None, alibi_slopes(node.ne[1], max_bias), float(scale),
-                    float(softcap), tiled, nchunk, parts, stats, dst)]
+    args = (srcs[0], k, srcs[1].shape[:3], kst, KIND[k_t.type], v, vst, KIND[v_t.type], mask, mkind,
+            mask_t is not None, alibi_slopes(node.ne[1], max_bias), float(scale), float(softcap))
+    if tiled:
+        return [launch(flash_attn_tiled, work, *args, dst)]
+    n_items = q_t.ne[1] * q_t.ne[2] * q_t.ne[3] * nchunk
+    nch = 1 if work < common.PARALLEL_MIN_ELEMENTS else min(n_items, ROW_CHUNKS_PER_THREAD * nth)
+    steps = [(flash_attn_rows, (get_pool().state, nch) + args + (nchunk, parts, stats, dst))]
     if nchunk > 1:
         steps.append((_reduce_chunks, (parts, stats, dst)))
     return steps
@@ -449,4 +473,5 @@ def _flat(a):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, elementwise.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, elementwise.__file__, pool.__file__,
+          __file__)

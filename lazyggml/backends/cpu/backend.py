@@ -15,7 +15,9 @@ thread count, and replayed: a decode step then costs one Python call per kernel.
 run, when Numba has compiled every kernel for these arguments, the plan calls the compiled code
 directly (``table.compiled``).
 
-Each run sets Numba's thread count once (setting or reading it costs ~2 µs from Python), to what
+Parallel kernels run on two kinds of threads: a prompt's big ones are Numba ``prange`` loops
+(OpenMP regions), a decode step's jobs go to the backend's own pool (``pool.py``), whose active
+workers each run sets too. Each run sets Numba's thread count once (setting or reading it costs ~2 µs from Python), to what
 ``threads.py`` picks for that graph: fewer threads while other programs keep CPUs busy. The plan
 stays the one made for the backend's count: its parallel kernels then share their tasks among
 fewer threads (a region on one thread costs ~0.7 µs more than a serial call), with the same
@@ -33,6 +35,7 @@ from ...backend import Backend, Device, DeviceType, Registry, host_view
 from ...buffer import BufferType, HostBuffer, Status
 from ...ops import EMPTY_OPS
 from .table import FORWARD, compiled, planning
+from . import pool
 from .threads import ThreadGovernor
 
 FORWARD.load()   # the kernels register themselves; the CPU backend is always there
@@ -88,6 +91,7 @@ class CPUBackend(Backend):
         plan = self._plan(g, self.n_threads)
         if numba.get_num_threads() != n:   # reading it costs a third of setting it (~1 vs 3 µs)
             numba.set_num_threads(n)
+        pool.set_threads(n if plan.pooled else 1)
         for kernel, args in plan.steps:
             kernel(*args)
         if not plan.direct:
@@ -114,12 +118,22 @@ class CPUBackend(Backend):
 
 
 class _Plan:
-    """A graph's kernel calls and whether they already call compiled code directly."""
+    """A graph's kernel calls, whether they already call compiled code directly, and whether the
+    pool's workers may help (``pooled``): not in a graph with OpenMP regions (a prompt's), where a
+    worker spinning for pool jobs would take the core from libgomp's (the embedded model's prompts
+    ran ~5% slower with it); its few pool jobs (the last token's logits) run on their caller."""
 
-    __slots__ = ("steps", "direct")
+    __slots__ = ("steps", "direct", "pooled")
 
     def __init__(self, steps):
         self.steps, self.direct = steps, False
+        self.pooled = not any(_openmp(kernel) for kernel, _ in steps)
+
+
+def _openmp(kernel):
+    """Whether a plan step runs a Numba ``parallel=True`` kernel (an OpenMP region)."""
+    kernel = getattr(kernel, "kernel", kernel)   # table.Checked wraps one
+    return getattr(kernel, "targetoptions", {}).get("parallel", False) is not False
 
 
 def set_n_threads(backend, n):

@@ -30,7 +30,9 @@ How it runs (GGML's ``ggml_compute_forward_mul_mat``, reorganised):
    ``dot_cols2``), picked by the switches generated from it (``dispatch.py``).
 
 Decode (``ne11 <= 8``) is then a matrix-vector product parallel over weight rows: memory-bound,
-it reads the weights once. Prefill (many columns) is compute-bound and gains from the per-block
+it reads the weights once. A single column runs on the CPU backend's own pool (``pool.py``: a
+job's chunks of rows, ~0.5 µs a job, where an OpenMP region costs ~3 µs and took the small
+products of a decode step off the second thread). Prefill (many columns) is compute-bound and gains from the per-block
 unpacking being shared by ``CT`` columns. No weight repacking is needed.
 
 Numerics: per (row, column), the arithmetic is exactly that of GGML's AVX2 ``vec_dot`` (same
@@ -56,7 +58,7 @@ from . import common
 from .table import address, current_scope, forward
 from . import dispatch as D
 from . import quant as Q
-from . import simd
+from . import pool, simd
 from . import vec_dot as V
 from .common import FLOAT_TYPES, KIND, KIND_F16, KIND_F32, from_f32, to_f32, unravel_row
 from .traits import TYPE_TRAITS_CPU, types_with
@@ -89,6 +91,13 @@ DECODE_RT_MIN, DECODE_RT_MAX = 16, 128
 # one thread, 7.1 on two; 768x256 11.0 / 10.0-12.5; 256x768 8.6 / 9.4-9.7; Q6_K 1024x256
 # 12.8 / 12.4-13.6; 768x768 21.9 / 16.5-22.3; 2048x768 57-74 / 38-44.
 PARALLEL_MIN_MACS = 1 << 18
+# A single column's product on the pool (decode): below this many multiply-adds one thread (a
+# 128x256 product gained nothing from two); chunks per thread (two: a late thread's share is
+# taken by the other; more cost a compare-and-swap each and shorten the prefetched row runs) of
+# at least POOL_MIN_ROWS rows.
+POOL_MIN_MACS = 1 << 16
+POOL_CHUNKS_PER_THREAD = 2
+POOL_MIN_ROWS = 32
 # ... and for float weights, which at decode are the attention's KQ and KQV products: rows of a
 # head's 64 values, each with its own horizontal sum, ~6.5 GMAC/s a thread. Measured (F16 KQ of
 # one token over 256 cells): 4 heads (the embedded model's, 65536 multiply-adds) take 10.3 µs on
@@ -213,34 +222,41 @@ def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
         _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp)
 
 
-# A single activation row (decode) is quantized by the product's own call: one call, and one set of
-# arguments for Python to pass, per product instead of two (a call costs ~0.3 µs, each array
-# argument ~0.1 µs more: this took the 3.7M model's decode step from 117 calls to 88). The products
-# after it with the same row (K then V and Q; FFN gate then up) find it quantized (the plan's
-# scope) and run ``_run_rows`` (or ``_run_fast_par``) alone: 12 of a 3.7M decode step's 29
-# quantizations (~0.75 µs each).
+# A single activation column (decode) runs on the CPU backend's own thread pool (pool.py), its rows
+# in chunks: a pool job costs ~0.5 µs where an OpenMP region costs ~3, so products of 256 rows
+# gain from two threads too (3.7M model, 2 threads, weights in cache: 768x256 Q4_K 9.4 -> 5.9 µs,
+# 256x768 8.4 -> 5.2, 256x256 3.6 -> 2.9, 128x256 2.0 -> 2.1: left on one thread, see POOL_MIN_MACS).
+# The column is quantized by the product's own call: one call, and one set of arguments for
+# Python to pass, per product instead of two (a call costs ~0.3 µs, each array argument ~0.1 µs
+# more). The products after it with the same column (K then V and Q; FFN gate then up) find it
+# quantized (the plan's scope) and run ``_run_rows`` alone.
 
 @_kernel
-def _run_rows(kid, n, w4, yq, rs, dst):
-    """A single column on one thread: each batch's rows in one ``dispatch.dot_rows`` call, without
-    tasks (their geometry and scratch cost ~2 µs of a 768x256 mat-vec's ~19)."""
-    ne13, ne12 = dst.shape[0], dst.shape[1]
-    for i3 in range(ne13):
-        for i2 in range(ne12):
-            D.dot_rows(kid, n, w4, i3 // (ne13 // w4.shape[0]), i2 // (ne12 // w4.shape[1]), 0, w4.shape[2],
-                       yq, (i3 * ne12 + i2) * rs, dst, i3, i2, 0)
+def _rows_chunk(c, nc, kid, n, w4, yq, rs, dst):
+    """Chunk c of nc of a single column's product: its share of the rows of every batch, in one
+    ``dispatch.dot_rows`` call per batch (a pool job's body)."""
+    ne13, ne12, ne01 = dst.shape[0], dst.shape[1], w4.shape[2]
+    total = ne13 * ne12 * ne01
+    lo, hi = c * total // nc, (c + 1) * total // nc
+    while lo < hi:
+        b, r0 = lo // ne01, lo % ne01
+        r1 = min(ne01, r0 + hi - lo)
+        i3, i2 = b // ne12, b % ne12
+        D.dot_rows(kid, n, w4, i3 // (ne13 // w4.shape[0]), i2 // (ne12 // w4.shape[1]), r0, r1,
+                   yq, (i3 * ne12 + i2) * rs, dst, i3, i2, 0)
+        lo += r1 - r0
 
 
 @_kernel
-def _matvec(vtid, x4, xflat, kid, n, w4, yq, rs, bsz, dst):
+def _run_rows(kid, n, w4, yq, rs, dst, state, nc):
+    """A single column's rows in ``nc`` chunks on the pool (``state``; one chunk: this thread)."""
+    pool.parallel_for(state, _rows_chunk, nc, (kid, n, w4, yq, rs, dst))
+
+
+@_kernel
+def _matvec(vtid, x4, xflat, kid, n, w4, yq, rs, bsz, dst, state, nc):
     _quantize_acts(vtid, x4, xflat, yq, rs, bsz)
-    _run_rows(kid, n, w4, yq, rs, dst)
-
-
-@_kernel
-def _matvec_par(vtid, x4, xflat, kid, n, w4, yq, rs, bsz, dst, RT, CT, nth, counter, acc, tmp):
-    _quantize_acts(vtid, x4, xflat, yq, rs, bsz)
-    _run_fast_par(kid, n, w4, yq, rs, bsz, dst, RT, CT, nth, counter, acc, tmp)
+    _run_rows(kid, n, w4, yq, rs, dst, state, nc)
 
 
 # ---- float weights --------------------------------------------------------------------------------
@@ -343,6 +359,15 @@ def round_acts(kind, x4, xf):
             xf[i3, i2, i1, i0] = to_f32(from_f32(x4[i3, i2, i1, i0], kind), kind)
 
 
+def pool_chunks(macs, rows, nth):
+    """Chunks of a single column's product of ``rows`` weight rows on the pool: none to share
+    below POOL_MIN_MACS multiply-adds (one: the caller's thread), else POOL_CHUNKS_PER_THREAD per
+    thread of at least POOL_MIN_ROWS rows."""
+    if nth == 1 or macs < POOL_MIN_MACS:
+        return 1
+    return max(1, min(POOL_CHUNKS_PER_THREAD * nth, rows // POOL_MIN_ROWS))
+
+
 def tiles(ne01, ne11, nth):
     """(RT, CT) for a product with ne01 weight rows and ne11 columns on nth threads."""
     if ne11 <= DECODE_MAX_COLS:
@@ -421,20 +446,19 @@ def mul_mat_steps(w, wtype, x, dst, nth):
     yq = scratch("yq", rs * nrows_x)
     xflat = x.reshape(-1) if x.flags.c_contiguous else _STRIDED   # see _quantize_rows
     scope = current_scope()
-    if parallel:   # the parallel kernels' per-thread scratch and task counter
-        tasks = (thread_scratch("counter", 1, 1, np.int64)[0], thread_scratch("acc", nth, V.ACC_PER_COL * CT, np.float32),
-                 thread_scratch("tmp", nth, 2 * CT, np.float32))
     # products with the same input one after the other (Q, K and V; FFN gate and up) quantize it once
     key = (address(yq), yq.size, int(vt), address(x), x.shape, x.strides)
     done = scope is not None and scope.get("yq", key)
-    if nrows_x == 1 and not done:   # a single row: quantized by the product's own call
+    if nrows_x == 1:   # a single column (decode): on the pool, quantized by the product's own call
+        rows = (int(wtype), ne10, w, yq, rs, dst, pool.get_pool().state, pool_chunks(macs, ne01 * ne12 * ne13, nth))
+        if done:
+            return [(_run_rows, rows)]
         if scope is not None:
             scope.put("yq", key, (x,))
-        if parallel:
-            return [(_matvec_par, (int(vt), x, xflat, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth) + tasks)]
-        return [(_matvec, (int(vt), x, xflat, int(wtype), ne10, w, yq, rs, bsz, dst))]
-    if nrows_x == 1 and not parallel:
-        return [(_run_rows, (int(wtype), ne10, w, yq, rs, dst))]
+        return [(_matvec, (int(vt), x, xflat) + rows[:4] + (rs, bsz) + rows[5:])]
+    if parallel:   # the parallel kernels' per-thread scratch and task counter
+        tasks = (thread_scratch("counter", 1, 1, np.int64)[0], thread_scratch("acc", nth, V.ACC_PER_COL * CT, np.float32),
+                 thread_scratch("tmp", nth, 2 * CT, np.float32))
     if done:
         steps = []
     elif parallel:
@@ -452,7 +476,8 @@ def mul_mat_steps(w, wtype, x, dst, nth):
 
 
 # the cache of every driver above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, Q.__file__, V.__file__, D.__file__, common.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, Q.__file__, V.__file__, D.__file__, common.__file__, pool.__file__,
+          __file__)
 
 
 def _mul_mat_supported(node):

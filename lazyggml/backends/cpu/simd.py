@@ -48,6 +48,7 @@ Floating-point contract: ``fma`` is ``llvm.fmuladd``, a fused multiply-add where
 from __future__ import annotations
 
 import os
+import platform
 
 from llvmlite import ir
 from numba import types
@@ -936,8 +937,76 @@ def prefetch(typingctx, arr, off):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Not SIMD, but the same escape hatch: an atomic counter for dynamic scheduling
+# Not SIMD, but the same escape hatch: atomics on int64 array slots, for dynamic scheduling and for
+# the CPU backend's thread pool (pool.py)
 # ---------------------------------------------------------------------------------------------------
+
+
+def _slot_ptr(context, builder, sig, args):
+    """``&arr[i]`` of a 1-D int64 array: the address an atomic works on."""
+    ary = context.make_array(sig.args[0])(context, builder, args[0])
+    return builder.gep(ary.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
+
+
+def _int64_slot(arr, i):
+    return _is_array(arr) and arr.dtype == types.int64 and isinstance(i, types.Integer)
+
+
+@intrinsic
+def load_acquire(typingctx, arr, i):
+    """``arr[i]`` read atomically with acquire order: what another thread wrote before its
+    ``store_release`` of this slot is visible after this read."""
+    if not _int64_slot(arr, i):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(_slot_ptr(context, builder, sig, args), "acquire", 8)
+
+    return types.int64(arr, i), codegen
+
+
+@intrinsic
+def store_release(typingctx, arr, i, v):
+    """``arr[i] = v`` atomically with release order (see ``load_acquire``)."""
+    if not (_int64_slot(arr, i) and isinstance(v, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        val = context.cast(builder, args[2], sig.args[2], types.int64)
+        builder.store_atomic(val, _slot_ptr(context, builder, sig, args), "release", 8)
+        return context.get_dummy_value()
+
+    return types.none(arr, i, v), codegen
+
+
+@intrinsic
+def compare_exchange(typingctx, arr, i, expected, new):
+    """Atomically: if ``arr[i] == expected``, set it to ``new`` and return True; else False."""
+    if not (_int64_slot(arr, i) and isinstance(expected, types.Integer) and isinstance(new, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        old = context.cast(builder, args[2], sig.args[2], types.int64)
+        val = context.cast(builder, args[3], sig.args[3], types.int64)
+        pair = builder.cmpxchg(_slot_ptr(context, builder, sig, args), old, val, "acq_rel", "acquire")
+        return builder.extract_value(pair, 1)
+
+    return types.boolean(arr, i, expected, new), codegen
+
+
+@intrinsic
+def spin_pause(typingctx):
+    """The x86 ``pause`` hint inside a spin loop (the core waits a few dozen cycles and gives its
+    pipeline to its sibling); nothing on other architectures."""
+    def codegen(context, builder, sig, args):
+        if _X86:
+            _call(builder, "llvm.x86.sse2.pause", ir.VoidType(), [])
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
 @intrinsic

@@ -1,7 +1,9 @@
 """How many threads a graph runs on: the backend's count, fewer while other programs keep CPUs busy.
 
-A parallel kernel is an OpenMP fork-join region (Numba's default threading layer): it ends only
-when every worker has arrived. When another program keeps a CPU busy, the OS shares that CPU
+A parallel kernel of a prompt is an OpenMP fork-join region (Numba's default threading layer): it
+ends only when every worker has arrived. (A decode step's jobs on the backend's own pool,
+``pool.py``, wait only for chunks a worker has taken, but a worker that spins beside another
+program still takes half a CPU from it: the pool's active workers follow this count too.) When another program keeps a CPU busy, the OS shares that CPU
 between it and one of our workers, and every region then waits for that worker's next turn while
 the others spin: measured on the 2-core dev machine with one busy process beside it, the 125M
 model decoded at 35-40 tok/s on 2 threads against 74 on one (140 idle on 2), and llama.cpp, whose
