@@ -61,7 +61,7 @@ from .common import KIND, KIND_F16, KIND_F32, as_bits, launch, parallel_kernel, 
 from .elementwise import v_expf
 from .pool import get_pool
 from .simd import (HAVE_AVX512, f16x8_to_f32, fma, hsum_f32x8, lane, load_f32x8, load_i16x8, round_f16x8, splat_f32x8,
-                   store_f32x8, vadd, vmul)
+                   store_f32x8, vadd, vmax, vmul)
 from .softmax import alibi_slopes
 
 _kernel = njit(cache=True, error_model="numpy")
@@ -88,6 +88,40 @@ def _load8(a, i, kind):
     if kind == KIND_F16:
         return f16x8_to_f32(load_i16x8(a, 2 * i))
     return load_f32x8(a, 4 * i)
+
+
+@_kernel
+def _to_f32_row(a, i, kind, out, o, n):
+    """out[o:o + n] = elements i..i+n of the F16 or F32 bits ``a``, as float32."""
+    j = 0
+    while j + 8 <= n:
+        store_f32x8(out, 4 * (o + j), _load8(a, i + j, kind))
+        j += 8
+    for j in range(j, n):
+        out[o + j] = to_f32(a[i + j], kind)
+
+
+@_kernel
+def _score8(a, sc, mr, c, mkind, has_mask, slope):
+    """Eight cells' scores from their dot products ``a``: ``a * scale``, plus ``slope * mask``
+    where there is a mask (a multiply, then an add: the scalar path's roundings)."""
+    s = vmul(a, sc)
+    if has_mask:
+        s = vadd(s, vmul(splat_f32x8(slope), _load8(mr, c, mkind)))
+    return s
+
+
+@_kernel
+def _store8x8(a, v0, v1, v2, v3, v4, v5, v6, v7):
+    """Eight 8-lane vectors into a[0:64]."""
+    store_f32x8(a, 0, v0)
+    store_f32x8(a, 32, v1)
+    store_f32x8(a, 64, v2)
+    store_f32x8(a, 96, v3)
+    store_f32x8(a, 128, v4)
+    store_f32x8(a, 160, v5)
+    store_f32x8(a, 192, v6)
+    store_f32x8(a, 224, v7)
 
 
 @_kernel
@@ -248,6 +282,8 @@ def _tile(q, iq3, iq2, i0, i1, k, kr0, kst1, kkind, v, vr0, vst1, vkind, mask, m
     nr = i1 - i0
     mk = mask[iq3 % mask.shape[0], iq2 % mask.shape[1]]
     kt = np.empty(d * _TILE, np.float32)   # a window of K, transposed: kt[dk * _TILE + c]
+    vt = np.empty(_TILE * dv, np.float32)  # the window's V rows in float32: vt[c * dv + j]
+    vbits = vt.view(np.uint32)             # ... as F32 element bits, for _accumulate
     kq = np.empty(_TILE, np.float32)       # one row's scores in the window, then its weights
     wts = np.empty(_TILE, np.float32)      # the weights of the cells that are not masked
     fac = np.ones(_TILE, np.float32)       # fac[0]: the window's rescale of the row, if any
@@ -276,6 +312,10 @@ def _tile(q, iq3, iq2, i0, i1, k, kr0, kst1, kkind, v, vr0, vst1, vkind, mask, m
         for c in range(nc, _TILE):   # the last window's missing cells: zeros, as GGML pads
             for dk in range(d):
                 kt[dk * _TILE + c] = np.float32(0.0)
+        # V converted once per window, not once per row and cell (F16 -> F32 is exact: the same
+        # sums; the conversions had cost as much as the window's scores)
+        for c in range(nc):
+            _to_f32_row(v, vr0 + (t0 + c) * vst1, vkind, vt, c * dv, dv)
         for r in range(nr):
             qr = q[iq3, iq2, i0 + r]
             # the scores: a cell a lane, a float32 FMA chain over D each (GGML's simd_gemm), 64 at once
@@ -286,25 +326,30 @@ def _tile(q, iq3, iq2, i0, i1, k, kr0, kst1, kkind, v, vr0, vst1, vkind, mask, m
                 a2, a3 = fma(load_f32x8(kt, o + 64), x, a2), fma(load_f32x8(kt, o + 96), x, a3)
                 a4, a5 = fma(load_f32x8(kt, o + 128), x, a4), fma(load_f32x8(kt, o + 160), x, a5)
                 a6, a7 = fma(load_f32x8(kt, o + 192), x, a6), fma(load_f32x8(kt, o + 224), x, a7)
-            store_f32x8(kq, 0, a0)
-            store_f32x8(kq, 32, a1)
-            store_f32x8(kq, 64, a2)
-            store_f32x8(kq, 96, a3)
-            store_f32x8(kq, 128, a4)
-            store_f32x8(kq, 160, a5)
-            store_f32x8(kq, 192, a6)
-            store_f32x8(kq, 224, a7)
-            top = _NEG_INF
-            for c in range(_TILE):
-                s = kq[c] * scale32
-                if softcap32 != 0:
-                    s = np.float32(math.tanh(s)) * softcap32
-                if c >= nc:
-                    s = _NEG_INF
-                elif has_mask:
-                    s = s + slope * to_f32(mk[i0 + r, t0 + c], mkind)
-                kq[c] = s
-                top = max(top, s)
+            if softcap32 == 0 and nc == _TILE:   # the usual window: 8 lanes at a time, the same sums
+                mr = mk[i0 + r if has_mask else 0]
+                sc = splat_f32x8(scale32)
+                a0, a1 = _score8(a0, sc, mr, t0, mkind, has_mask, slope), _score8(a1, sc, mr, t0 + 8, mkind, has_mask, slope)
+                a2, a3 = _score8(a2, sc, mr, t0 + 16, mkind, has_mask, slope), _score8(a3, sc, mr, t0 + 24, mkind, has_mask, slope)
+                a4, a5 = _score8(a4, sc, mr, t0 + 32, mkind, has_mask, slope), _score8(a5, sc, mr, t0 + 40, mkind, has_mask, slope)
+                a6, a7 = _score8(a6, sc, mr, t0 + 48, mkind, has_mask, slope), _score8(a7, sc, mr, t0 + 56, mkind, has_mask, slope)
+            _store8x8(kq, a0, a1, a2, a3, a4, a5, a6, a7)
+            if softcap32 == 0 and nc == _TILE:
+                m = vmax(vmax(vmax(a0, a1), vmax(a2, a3)), vmax(vmax(a4, a5), vmax(a6, a7)))
+                top = max(max(max(lane(m, 0), lane(m, 1)), max(lane(m, 2), lane(m, 3))),
+                          max(max(lane(m, 4), lane(m, 5)), max(lane(m, 6), lane(m, 7))))
+            else:
+                top = _NEG_INF
+                for c in range(_TILE):
+                    s = kq[c] * scale32
+                    if softcap32 != 0:
+                        s = np.float32(math.tanh(s)) * softcap32
+                    if c >= nc:
+                        s = _NEG_INF
+                    elif has_mask:
+                        s = s + slope * to_f32(mk[i0 + r, t0 + c], mkind)
+                    kq[c] = s
+                    top = max(top, s)
             if top == _NEG_INF:
                 continue
             new = max(big[r], top)
@@ -323,9 +368,9 @@ def _tile(q, iq3, iq2, i0, i1, k, kr0, kst1, kkind, v, vr0, vst1, vkind, mask, m
             for c in range(nc):
                 if kq[c] != 0 or (nb == 0 and fac[0] != 1):   # the rescale travels with the first cell
                     wts[nb] = kq[c]
-                    rows[nb] = vr0 + (t0 + c) * vst1
+                    rows[nb] = c * dv
                     nb += 1
-            _accumulate(dst[iq3, i0 + r, iq2], v, vkind, rows, fac, wts, nb, False)
+            _accumulate(dst[iq3, i0 + r, iq2], vbits, KIND_F32, rows, fac, wts, nb, False)
     for r in range(nr):
         inv = np.float32(0.0) if total[r] == 0 else np.float32(1.0) / total[r]
         out = dst[iq3, i0 + r, iq2]

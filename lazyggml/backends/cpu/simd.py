@@ -345,6 +345,20 @@ vadd = _make_binop("add", "fadd")  #: lane-wise a + b (integers wrap)
 vsub = _make_binop("sub", "fsub")  #: lane-wise a - b
 vmul = _make_binop("mul", "fmul")  #: lane-wise a * b (integers: low half of the product)
 vand = _make_binop("and_")  #: bitwise and
+
+
+@intrinsic
+def vmax(typingctx, a, b):
+    """Lane-wise ``a if a > b else b`` of two float vectors (``maxps``; a NaN in ``a`` gives ``b``)."""
+    if not (isinstance(a, Vec) and a == b and a.kind == "f"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.select(builder.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
+
+    return a(a, b), codegen
+
+
 vor = _make_binop("or_")  #: bitwise or
 
 
