@@ -656,8 +656,24 @@ def vec_dot_q4_K_q8_K(n, x, y):
 @_fast
 def dot_cols_q4_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
     """dot_q4_K_q8_K of one weight row with nc columns; per column, acc holds 8 scale lanes at
-    [16c, 16c+8) and 4 min lanes at [16c+8, 16c+12)."""
+    [16c, 16c+8) and 4 min lanes at [16c+8, 16c+12). A row of one super-block writes each
+    column's lanes once (the same operations on zeros, without zeroing and reading them back)."""
     zero = splat_f32x8(0.0)
+    if n == QK_K:
+        xd = _F16[load_u16(x, 0)]
+        xdmin = _F16[load_u16(x, 2)]
+        ms = _k4_scales_mins(x, 4)
+        mins = hi_half(ms)
+        l0, h0, l1, h1, l2, h2, l3, h3 = _q4_K_unpack(x, 0)
+        for c in range(nc):
+            yb = yo + c * ycs
+            yd = load_f32(y, yb)
+            am = fma(splat_f32x4(-yd * xdmin), to_f32(_k4_min_prod(mins, y, yb)), lo_half(zero))
+            sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, bcast_half(ms, 0))
+            store_f32x8(acc, 64 * c, fma(splat_f32x8(yd * xd), to_f32(sumi), zero))
+            store_f32x8(acc, 64 * c + 32, concat(am, am))
+        _col_sums(acc, 64, 32, nc, out)
+        return
     for c in range(nc):
         store_f32x8(acc, 64 * c, zero)
         store_f32x8(acc, 64 * c + 32, zero)
