@@ -60,10 +60,17 @@ from .simd import compare_exchange, fetch_add, load_acquire, spin_pause, store_r
 # has two threads spinning for the second core, ours and libgomp's, and each gets it half the time:
 # the embedded model decoded at 3,410 tok/s after its prompts against 4,164 with a spin of 10,000
 # polls (~0.25 ms, as long as our workers spin), its prompts unchanged (14,063 / 14,026 tok/s);
-# OMP_WAIT_POLICY=passive lost 27% of the prompt speed. libgomp reads it when it is loaded (on the
-# first parallel kernel), so this sets it unless the user did.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+# OMP_WAIT_POLICY=passive lost 27% of the prompt speed. libgomp reads its variables once, when it is
+# loaded: unless the user set them, this loads Numba's threading layer now with the spin count set,
+# then takes the variable out of the environment again, so that child processes (another program's
+# OpenMP, llama.cpp in the benchmarks) do not inherit it.
+GOMP_SPINCOUNT = "10000"
+if not ({"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ)):
+    os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
+    try:
+        numba.get_num_threads()
+    finally:
+        del os.environ["GOMP_SPINCOUNT"]
 
 # slots of the state array (int64 indices); the hot ones 8 apart: a 64-byte cache line each
 WORD, NCHUNKS, ENTRY = 0, 1, 2          # read together by a worker looking for a chunk
