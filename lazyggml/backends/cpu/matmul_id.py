@@ -15,7 +15,8 @@ or rounded to F16/BF16), each row's bytes in one run; then every (token, slot) p
 mat-vec of its expert's rows by the mul_mat kernels (``dispatch.dot_rows``; two rows at a time
 through ``vec_dot.dot_pair_*`` for float weights), so each result element has the arithmetic of
 ``mul_mat``'s, hence GGML's bits. The work is cut into tasks of (pair, ``RT`` rows) that threads
-take from a shared counter. A decode step routes a token to a few experts of many: only their
+take from a shared counter (a decode step's token: chunks of them on the CPU backend's pool,
+``pool.py``, as its other products). A decode step routes a token to a few experts of many: only their
 rows are read. GGML groups a prompt's pairs by expert to reuse its rows over columns (tiles, as
 mul_mat's prefill); not done here yet: a prompt reads each used expert's rows once per token.
 
@@ -31,11 +32,13 @@ from numba import njit, prange
 from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, row_size, type_size
-from . import common, matmul, simd
+from . import common, matmul, pool, simd
 from . import dispatch as D
 from . import vec_dot as V
 from .common import FLOAT_TYPES, KIND, KIND_F32
-from .matmul import PARALLEL_MIN_MACS, SUPPORTED_TYPES, dot_rows_float, round_acts, scratch, thread_scratch
+from .matmul import (PARALLEL_MIN_MACS, POOL_CHUNKS_PER_THREAD, SUPPORTED_TYPES, dot_rows_float, round_acts, scratch,
+                     thread_scratch)
+from .pool import get_pool
 from .table import Checked, forward
 from .traits import TYPE_TRAITS_CPU
 
@@ -119,8 +122,30 @@ def _run_par(vtid, x4, xflat, kid, kind, n, aq, af, ids, y, yf, rs, dst, nth, co
     return bad[:nth].sum()
 
 
+@_kernel
+def _chunk(c, nc, kid, kind, n, aq, af, ids, y, yf, rs, n_b, dst, bad):
+    """Chunk c of nc of the tasks, a contiguous run of them (a pool job's body); its count of bad
+    ids in ``bad[c]``."""
+    ntasks = dst.shape[1] * dst.shape[2] * -(-dst.shape[3] // RT)
+    b = 0
+    for t in range(c * ntasks // nc, (c + 1) * ntasks // nc):
+        b += _task(kid, kind, n, aq, af, ids, y, yf, rs, n_b, dst, t)
+    bad[c] = b
+
+
+@_kernel
+def _run_pool(vtid, x4, xflat, kid, kind, n, aq, af, ids, y, yf, rs, dst, state, nc, bad):
+    """``_run`` with the tasks in ``nc`` chunks on the CPU backend's pool (a decode step's token:
+    ``pool.py``); returns the count of bad ids."""
+    if kind < 0:
+        _quantize_rows(vtid, x4, xflat, y, rs)
+    pool.parallel_for(state, _chunk, nc, (kid, kind, n, aq, af, ids, y, yf, rs, x4.shape[2], dst, bad))
+    return bad[:nc].sum()
+
+
 # the cache of every driver above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, D.__file__, common.__file__, matmul.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, D.__file__, common.__file__, matmul.__file__, pool.__file__,
+          __file__)
 
 
 def mul_mat_id_steps(as4, wtype, b, ids, dst, nth):
@@ -131,8 +156,15 @@ def mul_mat_id_steps(as4, wtype, b, ids, dst, nth):
     if dst.size == 0:
         return []
     parallel = nth > 1 and n_tokens * n_used * m * k >= PARALLEL_MIN_MACS
-    par = (nth, thread_scratch("counter", 1, 1, np.int64)[0], thread_scratch("bad", nth, 1, np.int64)[:, 0]) \
-        if parallel else ()
+    if n_tokens == 1:   # a decode step: on the pool (pool.py), as its other products
+        ntasks = n_used * -(-m // RT)
+        nc = min(ntasks, POOL_CHUNKS_PER_THREAD * nth) if parallel else 1
+        run, par = _run_pool, (get_pool().state, nc, thread_scratch("bad", nc, 1, np.int64)[:, 0])
+    elif parallel:
+        run, par = _run_par, (nth, thread_scratch("counter", 1, 1, np.int64)[0],
+                              thread_scratch("bad", nth, 1, np.int64)[:, 0])
+    else:
+        run, par = _run, ()
     what = "mul_mat_id: expert ids"
     if wtype in FLOAT_TYPES:
         kind = KIND[wtype]
@@ -147,7 +179,7 @@ def mul_mat_id_steps(as4, wtype, b, ids, dst, nth):
         xflat = b.reshape(-1) if b.flags.c_contiguous else _NO_F32
         steps = []
         args = (int(vt), b, xflat, int(wtype), -1, k, as4, _NO_F4, ids, yq, _NO_F32, rs, dst)
-    return steps + [(Checked(what, _run_par if parallel else _run, args + par, n_expert), ())]
+    return steps + [(Checked(what, run, args + par, n_expert), ())]
 
 
 # stand-ins for the arrays of the other path (the quantized or the float one): typed, empty
