@@ -351,13 +351,23 @@ def unary_forward(node, dst, srcs):
 @forward(Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.ADD1, supports=_all_f32)
 def binary_forward(node, dst, srcs):
     a, b = srcs[0], srcs[1]
+    kernel, args = launch(binary, dst.size, _BINARY_CODE[node.op], a, b, dst)
     if b.shape[3] != dst.shape[3]:  # repeat along dim 0: tile b's rows (small: b divides a)
-        return [(_binary_tiled, (_BINARY_CODE[node.op], a, b, dst))]
-    return [launch(binary, dst.size, _BINARY_CODE[node.op], a, b, dst)]
+        return [(_Tiled(kernel), args)]
+    return [(kernel, args)]
 
 
-def _binary_tiled(code, a, b, dst):
-    binary(code, a, np.tile(b, (1, 1, 1, dst.shape[3] // b.shape[3])), dst)
+class _Tiled:
+    """A plan step: ``kernel`` (``binary`` or its serial twin, as ``launch`` chose) with b's rows
+    tiled to dst's length, at every run (b's contents change between runs)."""
+
+    __slots__ = ("kernel",)
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __call__(self, code, a, b, dst):
+        self.kernel(code, a, np.tile(b, (1, 1, 1, dst.shape[3] // b.shape[3])), dst)
 
 
 def _glu_supported(node):
