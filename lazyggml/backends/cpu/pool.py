@@ -28,7 +28,9 @@ on ``WORD`` for ``SPINS`` rounds (~0.3 ms on the dev machine: a decode step's jo
 µs and its tokens every ~0.3 ms), then nap ``NAP_US`` at a time for ``NAPS`` naps (~10 ms), then
 sleep on a futex until the next job (Linux; elsewhere they keep napping). ``ACTIVE`` says how many
 may take chunks: the backend sets it before each graph from its thread governor (``threads.py``),
-so on a busy machine the others sleep instead of competing with their own caller.
+so on a busy machine the others sleep instead of competing with their own caller, and to none in
+a graph with OpenMP regions (a prompt's), whose workers need the cores. An inactive worker sleeps
+on the futex at once; the next job posted wakes it.
 
 A body gets its chunk ``c`` of ``n`` and the arguments; it must not raise (its exceptions are
 dropped on a worker) and its chunks must be independent. Numba's native structs of the arguments
