@@ -279,14 +279,15 @@ def test_vec_dot_fast_vs_ref(t):
                          ids=lambda t: t.name)
 def test_columns_together_equal_columns_alone(t):
     """dot_cols_* (many columns per weight row) does, per column, exactly the arithmetic of the
-    single-column dot_*: a 5-column product equals 5 one-column products, bit for bit."""
+    single-column dot_*: a 13-column product (8 columns summed together by ``_col_sums`` and 5
+    alone) equals 13 one-column products, bit for bit."""
     rng = np.random.default_rng(200 + int(t))
     wf = rng.uniform(-1, 1, (1, 1, 12, 1280)).astype(np.float32)
     w, _, _ = make_weights(t, wf)
-    x = rng.uniform(-1, 1, (1, 1, 5, 1280)).astype(np.float32)
-    together = np.empty((1, 1, 5, 12), np.float32)
+    x = rng.uniform(-1, 1, (1, 1, 13, 1280)).astype(np.float32)
+    together = np.empty((1, 1, 13, 12), np.float32)
     M.mul_mat(w, t, x, together)
-    for c in range(5):
+    for c in range(13):
         alone = np.empty((1, 1, 1, 12), np.float32)
         M.mul_mat(w, t, x[:, :, c:c + 1], alone)
         assert np.array_equal(alone[0, 0, 0], together[0, 0, c]), c
@@ -525,7 +526,7 @@ def test_portable_simd_path(tmp_path, path):
         data[name + "_x"], data[name + "_y"] = x, y
         expect[name] = float(get_type_traits_cpu(t).vec_dot(n, x, y))
     data["Q4_K_x2"], data["Q6_K_x2"] = random_blocks(rng, Type.Q4_K, n), random_blocks(rng, Type.Q6_K, n)
-    nc = 3
+    nc = 11   # 8 columns summed together (vec_dot._col_sums) and 3 alone
     ys = np.concatenate([activation_row(rng, Type.Q4_K, n)[1] for _ in range(nc)])
     rs = ys.size // nc
     expect["cols"] = [float(V.vec_dot_q4_K_q8_K(n, data["Q4_K_x"], ys[c * rs:(c + 1) * rs]))
@@ -534,7 +535,7 @@ def test_portable_simd_path(tmp_path, path):
     w16 = rng.uniform(-1, 1, n).astype(np.float16)
     w16[:8] = np.array([6e-8, -6e-8, 1e-5, -3e-5, 0.0, -0.0, 6.5e4, -6.5e4], np.float16)
     yf = rng.uniform(-1, 1, (nc, n)).astype(np.float16).astype(np.float32)
-    expect["f16"] = [float(np.dot(w16.astype(np.float64), yf[c].astype(np.float64))) for c in range(nc)]
+    expect["f16"] = [float(np.dot(w16.astype(np.float64), yf[c].astype(np.float64))) for c in range(3)]
     data.update(nc=np.int64(nc), ys=ys, rs=np.int64(rs), w16=w16.view(np.uint16), yf=yf.reshape(-1))
     np.savez(tmp_path / "in.npz", **data)
     # its own kernel cache, so the portable build never replaces the main one
