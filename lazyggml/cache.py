@@ -215,7 +215,7 @@ def tie_cache(namespace: dict, salt: str, *paths: str) -> None:
             h.update(f.read())
     digest = h.hexdigest()
     objs = list(namespace.values())
-    for obj in objs + [getattr(o, "serial", None) for o in objs]:   # parallel_kernel's serial twins
+    for obj in objs + [getattr(o, "run", None) for o in objs]:   # parallel_kernel's pool drivers
         cache_file = getattr(getattr(obj, "_cache", None), "_cache_file", None)
         if cache_file is not None and hasattr(cache_file, "_source_stamp"):
             cache_file._source_stamp = (cache_file._source_stamp, digest)

@@ -315,7 +315,7 @@ def test_cpu_glue_uses_shared_constants():
     node = _soft_max_node()
     x = np.zeros((1, N_HEAD, 4, 8), np.float32)
     (_, args), = soft_max_forward(node, x, [x, np.zeros((1, 1, 4, 8), np.float32), None])
-    slopes = args[4]    # soft_max(x, mask, mkind, has_mask, slopes, scale, dst)
+    slopes = args[6]    # soft_max(ch, nch, x, mask, mkind, has_mask, slopes, scale, dst)
     m0, m1, n_head_log2 = soft_max_alibi(N_HEAD, MAX_BIAS)
     assert slopes[0] == m0 and slopes[n_head_log2] == m1   # m0^1, m1^1
     np.testing.assert_allclose(slopes, _expected_slopes(), rtol=1e-6)

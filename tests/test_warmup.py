@@ -229,9 +229,9 @@ from numba.core import caching
 barrier, save_index = sys.argv[1], caching.IndexDataCacheFile._save_index
 
 def meet_then_save_index(self, overloads):
-    # both processes compiled the kernel binary's serial twin (each a signature of its own): they
-    # meet here, each before writing its index, for up to 5 s
-    if "binary.serial" in self._index_name:
+    # both processes compiled the kernel binary (each a signature of its own): they meet here,
+    # each before writing its index, for up to 5 s
+    if self._index_name.startswith("binary-"):
         open(os.path.join(barrier, str(os.getpid())), "w").close()
         t0 = time.time()
         while len(os.listdir(barrier)) < 2 and time.time() - t0 < 5:

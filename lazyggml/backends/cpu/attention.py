@@ -50,14 +50,14 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ...cache import tie_cache
 from ...ops import Op, flash_attn_params
 from ...types import Type
 from . import common, elementwise, pool, quant, simd
 from .table import forward
-from .common import KIND, KIND_F16, KIND_F32, as_bits, launch, parallel_kernel, to_f32, from_f32, unravel_row
+from .common import KIND, KIND_F16, KIND_F32, as_bits, chunk, launch, parallel_kernel, to_f32, from_f32, unravel_row
 from .elementwise import v_expf
 from .pool import get_pool
 from .simd import (HAVE_AVX512, f16x8_to_f32, fma, hsum_f32x8, lane, load_f32x8, load_i16x8, round_f16x8, splat_f32x8,
@@ -379,14 +379,15 @@ def _tile(q, iq3, iq2, i0, i1, k, kr0, kst1, kkind, v, vr0, vst1, vkind, mask, m
 
 
 @parallel_kernel
-def flash_attn_tiled(q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask, slopes, scale, softcap, dst):
-    """The tiled path (module docstring): a prompt's query tiles over the threads (``prange``)."""
+def flash_attn_tiled(ch, nch, q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask, slopes, scale, softcap,
+                     dst):
+    """The tiled path (module docstring): chunk ch of nch of a prompt's query tiles."""
     nq3, nq2, nq1, d = q.shape
     nk3, nk2, n_kv = kshape
     r2, r3 = nq2 // nk2, nq3 // nk3
     scale32, softcap32 = np.float32(scale), np.float32(softcap)
     ntile = (nq1 + _TILE - 1) // _TILE
-    for item in prange(nq3 * nq2 * ntile):
+    for item in chunk(nq3 * nq2 * ntile, ch, nch):
         iq3, iq2, it = unravel_row(item, ntile, nq2)
         ik2, ik3 = iq2 // r2, iq3 // r3
         _tile(q, iq3, iq2, it * _TILE, min(nq1, it * _TILE + _TILE), k, ik3 * kst[0] + ik2 * kst[1], kst[2],

@@ -15,14 +15,13 @@ thread count, and replayed: a decode step then costs one Python call per kernel.
 run, when Numba has compiled every kernel for these arguments, the plan calls the compiled code
 directly (``table.compiled``).
 
-Parallel kernels run on two kinds of threads: a prompt's big ones are Numba ``prange`` loops
-(OpenMP regions), a decode step's jobs go to the backend's own pool (``pool.py``), whose active
-workers each run sets too. Each run sets Numba's thread count once (setting or reading it costs ~2 µs from Python), to what
-``threads.py`` picks for that graph: fewer threads while other programs keep CPUs busy. The plan
-stays the one made for the backend's count: its parallel kernels then share their tasks among
-fewer threads (a region on one thread costs ~0.7 µs more than a serial call), with the same
-results, bit for bit. A plan per thread count would need kernels (the serial twins of small
-work) that no run had loaded yet, and loading one from the cache mid-generation took 10-30 ms,
+Parallel kernels are jobs of the backend's own thread pool (``pool.py``), a prompt's as a decode
+step's. Each run sets the pool's active workers once, to what ``threads.py`` picks for that graph:
+fewer threads while other programs keep CPUs busy (and Numba's thread count with them, for the
+OpenMP regions left in Python steps: ``convert.quantize``; setting or reading it costs ~2 µs from
+Python). The plan stays the one made for the backend's count: its jobs then share their chunks
+among fewer threads, with the same results, bit for bit. A plan per thread count would need
+kernels that no run had loaded yet, and loading one from the cache mid-generation took 10-30 ms,
 compiling one seconds (a decode benchmark run at 33 tok/s instead of 1,400).
 """
 from __future__ import annotations
@@ -91,7 +90,7 @@ class CPUBackend(Backend):
         plan = self._plan(g, self.n_threads)
         if numba.get_num_threads() != n:   # reading it costs a third of setting it (~1 vs 3 µs)
             numba.set_num_threads(n)
-        pool.set_threads(n if plan.pooled else 1)
+        pool.set_threads(n)
         for kernel, args in plan.steps:
             kernel(*args)
         if not plan.direct:
@@ -118,22 +117,12 @@ class CPUBackend(Backend):
 
 
 class _Plan:
-    """A graph's kernel calls, whether they already call compiled code directly, and whether the
-    pool's workers may help (``pooled``): not in a graph with OpenMP regions (a prompt's), where a
-    worker spinning for pool jobs would take the core from libgomp's (the embedded model's prompts
-    ran ~5% slower with it); its few pool jobs (the last token's logits) run on their caller."""
+    """A graph's kernel calls, and whether they already call compiled code directly."""
 
-    __slots__ = ("steps", "direct", "pooled")
+    __slots__ = ("steps", "direct")
 
     def __init__(self, steps):
         self.steps, self.direct = steps, False
-        self.pooled = not any(_openmp(kernel) for kernel, _ in steps)
-
-
-def _openmp(kernel):
-    """Whether a plan step runs a Numba ``parallel=True`` kernel (an OpenMP region)."""
-    kernel = getattr(kernel, "kernel", kernel)   # table.Checked wraps one
-    return getattr(kernel, "targetoptions", {}).get("parallel", False) is not False
 
 
 def set_n_threads(backend, n):

@@ -1,6 +1,6 @@
 """What the CPU kernel modules share: element kinds and their conversions (rows, shape, softmax's
-mask, matmul's activations), ``unravel_row``, and ``parallel_kernel`` / ``launch`` (a parallel
-kernel that runs on one thread when the work is small).
+mask, matmul's activations), ``unravel_row``, and ``parallel_kernel`` / ``launch`` (a kernel
+whose rows are split over the pool's threads, on one thread when the work is small).
 
 Element types travel as their raw bits: a tensor's NumPy view is reinterpreted as an unsigned
 integer array of the same width (``as_bits``), and a small integer *kind* says how to read and
@@ -24,7 +24,7 @@ from ...cache import tie_cache
 from ...types import Type
 from . import convert as _convert
 from . import quant as _quant
-from . import simd
+from . import pool, simd
 
 _kernel = njit(cache=True, error_model="numpy")
 
@@ -95,27 +95,51 @@ def convert_row(s, skind, d, dkind):
 
 # below this many elements a parallel kernel runs on one thread: waking the pool costs more
 PARALLEL_MIN_ELEMENTS = 1 << 15
+# chunks per thread of a parallel kernel's job: a late or descheduled thread's chunks are taken by
+# the others (pool.py), at the price of one compare-and-swap a chunk
+CHUNKS_PER_THREAD = 2
+
+
+@njit(cache=True, inline="always")
+def chunk(n, c, nc):
+    """Chunk ``c`` of ``nc`` of ``range(n)``: the rows (or tiles) a parallel kernel's call does."""
+    return range(c * n // nc, (c + 1) * n // nc)
+
+
+_body = None   # the kernel a driver runs: each driver is _pool_run with its own globals
+
+
+def _pool_run(state, nc, *args):
+    pool.parallel_for(state, _body, nc, args)
 
 
 def parallel_kernel(fn):
-    """``@njit(parallel=True)``, plus a serial twin as ``kernel.serial``: the same function compiled
-    without ``parallel=True`` (its ``prange`` is then a plain ``range``). A parallel region costs
-    ~3 µs even on one thread, several times a decode step's small kernels; the twin costs nothing.
-    The twin has its own qualified name, hence its own cache files."""
+    """A kernel whose rows can be split over threads: ``fn(ch, nch, *args)`` does chunk ch of nch
+    of them (``for r in chunk(n, ch, nch)``), so ``kernel(0, 1, *args)`` does them all on this
+    thread and ``kernel.run(state, nch, *args)`` posts the chunks as one job of the CPU backend's pool
+    (``pool.parallel_for``; ``state`` is the pool's). The pool, not OpenMP: a prompt's ~15 parallel
+    kernels a layer then keep the workers spinning between them, and a worker that the machine
+    woke late (in a VM ~0.25 ms after an idle spell, where libgomp's barrier made both threads
+    sleep and wake at every region) costs the job its own chunk at most. ``run`` has its own
+    qualified name, hence its own cache files (``tie_cache`` ties it with the kernel's module)."""
     flags = dict(cache=True, error_model="numpy")
-    kernel = njit(parallel=True, **flags)(fn)
-    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    twin.__qualname__ = fn.__qualname__ + ".serial"
-    kernel.serial = njit(**flags)(twin)
+    kernel = njit(**flags)(fn)
+    run = types.FunctionType(_pool_run.__code__, dict(_pool_run.__globals__, _body=kernel), fn.__name__ + "_run")
+    # cached beside this file (the template's): the kernel's module in the name keeps drivers of
+    # kernels of the same name in two modules apart
+    run.__qualname__ = f"{fn.__module__.rpartition('.')[2]}.{fn.__qualname__}.run"
+    kernel.run = njit(**flags)(run)
     return kernel
 
 
 def launch(kernel, n_elements, *args):
-    """The plan step ``(kernel, args)`` of a ``parallel_kernel``: its serial twin when the work is
-    small or Numba has one thread (read when the plan is made: the CPU backend sets it first)."""
-    if n_elements < PARALLEL_MIN_ELEMENTS or numba.get_num_threads() == 1:
-        kernel = kernel.serial
-    return kernel, args
+    """The plan step ``(kernel, args)`` of a ``parallel_kernel``: all of it on this thread when the
+    work is small or Numba has one thread (read when the plan is made: the CPU backend sets it
+    first), else a pool job of CHUNKS_PER_THREAD chunks a thread."""
+    nth = numba.get_num_threads()
+    if n_elements < PARALLEL_MIN_ELEMENTS or nth == 1:
+        return kernel, (0, 1) + args
+    return kernel.run, (pool.get_pool().state, CHUNKS_PER_THREAD * nth) + args
 
 
 @_kernel
@@ -127,4 +151,4 @@ def unravel_row(r, n1, n2):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, _quant.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, _quant.__file__, pool.__file__, __file__)

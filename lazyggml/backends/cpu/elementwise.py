@@ -1,8 +1,8 @@
 """Element-wise ops on the CPU: ADD, SUB, MUL, DIV, ADD1 (binary, GGML's repeat broadcasting),
 SQR, SQRT, LOG, SIN, COS, SCALE, CLAMP and every UNARY sub-op (one kernel), and GLU.
 
-Each family is one ``prange`` over rows (i3, i2, i1) that calls a row function with an integer op
-code. The code is tested once per row and each branch is a plain loop, so LLVM vectorizes the
+Each family is one loop over rows (i3, i2, i1), split over threads by ``common.parallel_kernel``,
+that calls a row function with an integer op code. The code is tested once per row and each branch is a plain loop, so LLVM vectorizes the
 cheap ones (a per-element switch would not). The scalar formulas are GGML's (``vec.h``,
 ``unary-ops.cpp``), in float32 with GGML's evaluation order.
 
@@ -31,15 +31,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ... import types
 from ...cache import tie_cache
 from ...ops import GluOp, Op, UnaryOp, clamp_params, glu_params, scale_params, unary_op
 from ...types import Type
-from . import common, simd
+from . import common, pool, simd
 from .table import forward
-from .common import launch, parallel_kernel, unravel_row
+from .common import chunk, launch, parallel_kernel, unravel_row
 from .quant import fp32_to_fp16
 from .simd import fma as fmaf  # a*b + c, fused where the target has FMA (as GCC contracts GGML's C)
 
@@ -281,31 +281,31 @@ def _glu_row(code, x, g, y, tab):
 
 # -- kernels ----------------------------------------------------------------------------------------
 @_pkernel
-def unary(code, x, dst, p0, p1, tab):
+def unary(ch, nch, code, x, dst, p0, p1, tab):
     """``p0``, ``p1``: SCALE's (s, b) or CLAMP's (min, max), used as float32; ``tab``: ``GELU_TABLES``."""
     n3, n2, n1, _ = dst.shape
     q0, q1 = np.float32(p0), np.float32(p1)
-    for r in prange(n3 * n2 * n1):
+    for r in chunk(n3 * n2 * n1, ch, nch):
         i3, i2, i1 = unravel_row(r, n1, n2)
         _unary_row(code, x[i3, i2, i1], dst[i3, i2, i1], q0, q1, tab)
 
 
 @_pkernel
-def binary(code, a, b, dst):
+def binary(ch, nch, code, a, b, dst):
     """``dst = a op b`` with ``b``'s rows repeated over dims 1..3 (``b.shape[3] == a.shape[3]``)."""
     n3, n2, n1, _ = dst.shape
     m3, m2, m1, _ = b.shape
-    for r in prange(n3 * n2 * n1):
+    for r in chunk(n3 * n2 * n1, ch, nch):
         i3, i2, i1 = unravel_row(r, n1, n2)
         _binary_row(code, a[i3, i2, i1], b[i3 % m3, i2 % m2, i1 % m1], dst[i3, i2, i1])
 
 
 @_pkernel
-def glu(code, a, b, dst, split, swapped, tab):
+def glu(ch, nch, code, a, b, dst, split, swapped, tab):
     """GGML's GLU: ``f(x) * g`` with x, g the two halves of a row of ``a`` (swapped: g first), or
     the rows of ``a`` and ``b`` (split)."""
     n3, n2, n1, nc = dst.shape
-    for r in prange(n3 * n2 * n1):
+    for r in chunk(n3 * n2 * n1, ch, nch):
         i3, i2, i1 = unravel_row(r, n1, n2)
         ra = a[i3, i2, i1]
         if split:
@@ -358,16 +358,17 @@ def binary_forward(node, dst, srcs):
 
 
 class _Tiled:
-    """A plan step: ``kernel`` (``binary`` or its serial twin, as ``launch`` chose) with b's rows
-    tiled to dst's length, at every run (b's contents change between runs)."""
+    """A plan step: ``kernel`` (``binary`` on this thread or its pool driver ``binary.run``, as
+    ``launch`` chose) with b's rows tiled to dst's length, at every run (b's contents change
+    between runs)."""
 
     __slots__ = ("kernel",)
 
     def __init__(self, kernel):
         self.kernel = kernel
 
-    def __call__(self, code, a, b, dst):
-        self.kernel(code, a, np.tile(b, (1, 1, 1, dst.shape[3] // b.shape[3])), dst)
+    def __call__(self, c, nc, code, a, b, dst):
+        self.kernel(c, nc, code, a, np.tile(b, (1, 1, 1, dst.shape[3] // b.shape[3])), dst)
 
 
 def _glu_supported(node):
@@ -383,4 +384,4 @@ def glu_forward(node, dst, srcs):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, types.__file__, __file__)   # UnaryOp's values
+tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, pool.__file__, types.__file__, __file__)   # UnaryOp's values

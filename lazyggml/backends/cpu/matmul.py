@@ -18,8 +18,9 @@ How it runs (GGML's ``ggml_compute_forward_mul_mat``, reorganised):
    on both sides. For the SIMD types the quantized columns are stored block-major (block i of all
    columns together), so a tile of columns is read as one contiguous stream.
 2. **The output is cut into tasks**: a tile of ``RT`` weight rows × ``CT`` activation columns of
-   one batch. Threads (Numba ``prange``, ``numba.set_num_threads``) take tasks from a shared atomic
-   counter, so a core slowed down by something else just does fewer of them.
+   one batch. The tasks run as one job of the CPU backend's pool (``pool.py``), in chunks of
+   consecutive tasks that free threads take (``PREFILL_CHUNKS_PER_THREAD`` a thread), so a core
+   slowed down by something else just does fewer of them.
 3. **A task** walks its weight rows; each row is dotted with all ``CT`` columns at once by
    ``vec_dot.dot_cols_*``, which unpacks every weight block once for all the columns (a weight
    byte is read from memory once per column tile, and unpacked once per column tile). With a
@@ -49,7 +50,7 @@ import threading
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ...cache import tie_cache
 from ...ops import Op
@@ -60,11 +61,10 @@ from . import dispatch as D
 from . import quant as Q
 from . import pool, simd
 from . import vec_dot as V
-from .common import FLOAT_TYPES, KIND, KIND_F16, KIND_F32, from_f32, to_f32, unravel_row
+from .common import FLOAT_TYPES, KIND, KIND_F16, KIND_F32, chunk, from_f32, to_f32, unravel_row
 from .traits import TYPE_TRAITS_CPU, types_with
 
 _kernel = njit(cache=True)
-_parallel = njit(cache=True, parallel=True)
 
 # weight types by path: the quantized ones are those with the matmul's kernels in the traits table
 # (their GGML type ids go to the generated switches of dispatch.py), the float ones run by element
@@ -85,10 +85,11 @@ DECODE_MAX_COLS = 8
 # 92 -> 76 µs; more, fewer tasks lose the balance between threads.
 DECODE_TASKS_PER_THREAD = 4
 DECODE_RT_MIN, DECODE_RT_MAX = 16, 128
-# below this many multiply-adds one thread beats waking the others: a parallel region costs ~3 µs
-# even while libgomp's workers still spin from the last one, and more when its tasks land on the
-# other core's cache. Measured (2 threads, weights in cache, best of 9): Q4_K 256x256 4.5 µs on
-# one thread, 7.1 on two; 768x256 11.0 / 10.0-12.5; 256x768 8.6 / 9.4-9.7; Q6_K 1024x256
+# below this many multiply-adds one thread beats waking the others (measured when the tiles ran in
+# OpenMP regions, ~3 µs each even while libgomp's workers still spun from the last one, and more
+# when their tasks landed on the other core's cache; kept for the pool's jobs, whose single-column
+# products have their own threshold below). Measured (2 threads, weights in cache, best of 9):
+# Q4_K 256x256 4.5 µs on one thread, 7.1 on two; 768x256 11.0 / 10.0-12.5; 256x768 8.6 / 9.4-9.7; Q6_K 1024x256
 # 12.8 / 12.4-13.6; 768x768 21.9 / 16.5-22.3; 2048x768 57-74 / 38-44.
 PARALLEL_MIN_MACS = 1 << 18
 # A single column's product on the pool (decode): below this many multiply-adds one thread (a
@@ -98,6 +99,9 @@ PARALLEL_MIN_MACS = 1 << 18
 POOL_MIN_MACS = 1 << 16
 POOL_CHUNKS_PER_THREAD = 2
 POOL_MIN_ROWS = 32
+# Many columns (prompts): chunks per thread, each a run of consecutive tasks (which share their
+# column tile): a thread that starts late, or is descheduled, leaves its later chunks to the others.
+PREFILL_CHUNKS_PER_THREAD = 4
 # ... and for float weights, which at decode are the attention's KQ and KQV products: rows of a
 # head's 64 values, each with its own horizontal sum, ~6.5 GMAC/s a thread. Measured (F16 KQ of
 # one token over 256 cells): 4 heads (the embedded model's, 65536 multiply-adds) take 10.3 µs on
@@ -143,15 +147,17 @@ def _quantize_rows(vtid, x4, xflat, yq, rs, bsz, r0, r1, tmp, rowbuf):
             yq[o:o + bsz] = rowbuf[src + i * bsz:src + (i + 1) * bsz]
 
 
-@_parallel
-def _quantize_acts_par(vtid, x4, xflat, yq, rs, bsz, nth, tmp, rowbuf):
-    """``_quantize_acts`` on ``nth`` threads; thread th works in row th of ``tmp`` / ``rowbuf``
-    (room for ceil(rows / nth) quantized rows)."""
+@_kernel
+def _quantize_chunk(c, nc, vtid, x4, xflat, yq, rs, bsz, tmp, rowbuf):
+    """Chunk c of nc of ``_quantize_acts`` (a pool job's body), in row c of ``tmp`` / ``rowbuf``
+    (room for ceil(rows / nc) quantized rows)."""
     nrows = x4.shape[0] * x4.shape[1] * x4.shape[2]
-    nth = min(nth, nrows)
-    for th in prange(nth):
-        _quantize_rows(vtid, x4, xflat, yq, rs, bsz, th * nrows // nth,
-                       (th + 1) * nrows // nth, tmp[th], rowbuf[th])
+    _quantize_rows(vtid, x4, xflat, yq, rs, bsz, c * nrows // nc, (c + 1) * nrows // nc, tmp[c], rowbuf[c])
+
+
+@_kernel
+def _quantize_acts_pool(vtid, x4, xflat, yq, rs, bsz, state, nc, tmp, rowbuf):
+    pool.parallel_for(state, _quantize_chunk, nc, (vtid, x4, xflat, yq, rs, bsz, tmp, rowbuf))
 
 
 @_kernel
@@ -201,17 +207,17 @@ def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
     D.dot_tile(kid, n, w4, j3, j2, r0, r1, yq, yo, bsz, ne11 * bsz, nc, acc, tmp, dst, i3, i2, c0)
 
 
-@_parallel
-def _run_fast_par(kid, n, w4, yq, rs, bsz, dst, RT, CT, nth, counter, acc, tmp):
-    """The tasks on ``nth`` threads, taken from ``counter[0]``; thread th works in row th of
-    ``acc`` / ``tmp``."""
-    ntasks = _n_tasks(w4, dst, RT, CT)
-    counter[0] = 0
-    for th in prange(min(nth, ntasks)):
-        t = simd.fetch_add(counter, 0, 1)
-        while t < ntasks:
-            _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc[th], tmp[th])
-            t = simd.fetch_add(counter, 0, 1)
+@_kernel
+def _tasks_chunk(c, nc, kid, n, w4, yq, rs, bsz, dst, RT, CT, acc, tmp):
+    """Chunk c of nc of the tasks (a pool job's body: a run of consecutive tasks, which share
+    their column tile), in row c of ``acc`` / ``tmp``."""
+    for t in chunk(_n_tasks(w4, dst, RT, CT), c, nc):
+        _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc[c], tmp[c])
+
+
+@_kernel
+def _run_fast_pool(kid, n, w4, yq, rs, bsz, dst, RT, CT, state, nc, acc, tmp):
+    pool.parallel_for(state, _tasks_chunk, nc, (kid, n, w4, yq, rs, bsz, dst, RT, CT, acc, tmp))
 
 
 @_kernel
@@ -306,15 +312,15 @@ def _task_float(kind, n, w4, xf, dst, t, RT, CT):
                     dst[i3, i2, c0 + c + k, r + 1] = s[3 + k]
 
 
-@_parallel
-def _run_float_par(kind, n, w4, xf, dst, RT, CT, nth, counter):
-    ntasks = _n_tasks(w4, dst, RT, CT)
-    counter[0] = 0
-    for _ in prange(min(nth, ntasks)):
-        t = simd.fetch_add(counter, 0, 1)
-        while t < ntasks:
-            _task_float(kind, n, w4, xf, dst, t, RT, CT)
-            t = simd.fetch_add(counter, 0, 1)
+@_kernel
+def _float_chunk(c, nc, kind, n, w4, xf, dst, RT, CT):
+    for t in chunk(_n_tasks(w4, dst, RT, CT), c, nc):
+        _task_float(kind, n, w4, xf, dst, t, RT, CT)
+
+
+@_kernel
+def _run_float_pool(kind, n, w4, xf, dst, RT, CT, state, nc):
+    pool.parallel_for(state, _float_chunk, nc, (kind, n, w4, xf, dst, RT, CT))
 
 
 @_kernel
@@ -431,8 +437,8 @@ def mul_mat_steps(w, wtype, x, dst, nth):
             raise ValueError(f"mul_mat: weight rows must be {ne10} contiguous elements")
         kind = KIND[wtype]
         if parallel:
-            steps.append((_run_float_par, (kind, ne10, w, xf.reshape(-1), dst, RT, CT, nth,
-                                           thread_scratch("counter", 1, 1, np.int64)[0])))
+            nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth)
+            steps.append((_run_float_pool, (kind, ne10, w, xf.reshape(-1), dst, RT, CT, pool.get_pool().state, nc)))
         else:
             steps.append((_run_float, (kind, ne10, w, xf.reshape(-1), dst, RT, CT)))
         return steps
@@ -456,20 +462,23 @@ def mul_mat_steps(w, wtype, x, dst, nth):
         if scope is not None:
             scope.put("yq", key, (x,))
         return [(_matvec, (int(vt), x, xflat) + rows[:4] + (rs, bsz) + rows[5:])]
-    if parallel:   # the parallel kernels' per-thread scratch and task counter
-        tasks = (thread_scratch("counter", 1, 1, np.int64)[0], thread_scratch("acc", nth, V.ACC_PER_COL * CT, np.float32),
-                 thread_scratch("tmp", nth, 2 * CT, np.float32))
+    if parallel:   # pool jobs: the chunks, and each chunk's scratch
+        state = pool.get_pool().state
+        nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth)
+        tasks = (state, nc, thread_scratch("acc", nc, V.ACC_PER_COL * CT, np.float32),
+                 thread_scratch("tmp", nc, 2 * CT, np.float32))
+        qc = min(nrows_x, PREFILL_CHUNKS_PER_THREAD * nth)
     if done:
         steps = []
     elif parallel:
-        steps = [(_quantize_acts_par, (int(vt), x, xflat, yq, rs, bsz, nth, thread_scratch("qtmp", nth, ne10, np.float32),
-                                       thread_scratch("qrow", nth, -(-nrows_x // nth) * rs, np.uint8)))]
+        steps = [(_quantize_acts_pool, (int(vt), x, xflat, yq, rs, bsz, state, qc, thread_scratch("qtmp", qc, ne10, np.float32),
+                                        thread_scratch("qrow", qc, -(-nrows_x // qc) * rs, np.uint8)))]
     else:
         steps = [(_quantize_acts, (int(vt), x, xflat, yq, rs, bsz))]
     if steps and scope is not None:
         scope.put("yq", key, (x,))
     if parallel:
-        steps.append((_run_fast_par, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT, nth) + tasks))
+        steps.append((_run_fast_pool, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT) + tasks))
     else:
         steps.append((_run_fast, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT)))
     return steps

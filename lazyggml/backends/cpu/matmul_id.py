@@ -14,9 +14,8 @@ How it runs: the activation rows are converted once to the weights' ``vec_dot_ty
 or rounded to F16/BF16), each row's bytes in one run; then every (token, slot) pair is a
 mat-vec of its expert's rows by the mul_mat kernels (``dispatch.dot_rows``; two rows at a time
 through ``vec_dot.dot_pair_*`` for float weights), so each result element has the arithmetic of
-``mul_mat``'s, hence GGML's bits. The work is cut into tasks of (pair, ``RT`` rows) that threads
-take from a shared counter (a decode step's token: chunks of them on the CPU backend's pool,
-``pool.py``, as its other products). A decode step routes a token to a few experts of many: only their
+``mul_mat``'s, hence GGML's bits. The work is cut into tasks of (pair, ``RT`` rows) that run
+as chunks of consecutive tasks on the CPU backend's pool (``pool.py``), as its other products. A decode step routes a token to a few experts of many: only their
 rows are read. GGML groups a prompt's pairs by expert to reuse its rows over columns (tiles, as
 mul_mat's prefill); not done here yet: a prompt reads each used expert's rows once per token.
 
@@ -27,7 +26,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ...cache import tie_cache
 from ...ops import Op
@@ -36,14 +35,13 @@ from . import common, matmul, pool, simd
 from . import dispatch as D
 from . import vec_dot as V
 from .common import FLOAT_TYPES, KIND, KIND_F32
-from .matmul import (PARALLEL_MIN_MACS, POOL_CHUNKS_PER_THREAD, SUPPORTED_TYPES, dot_rows_float, round_acts, scratch,
-                     thread_scratch)
+from .matmul import (PARALLEL_MIN_MACS, POOL_CHUNKS_PER_THREAD, PREFILL_CHUNKS_PER_THREAD, SUPPORTED_TYPES,
+                     dot_rows_float, round_acts, scratch, thread_scratch)
 from .pool import get_pool
 from .table import Checked, forward
 from .traits import TYPE_TRAITS_CPU
 
 _kernel = njit(cache=True)
-_parallel = njit(cache=True, parallel=True)
 
 RT = 64        # weight rows per task
 
@@ -104,24 +102,6 @@ def _run(vtid, x4, xflat, kid, kind, n, aq, af, ids, y, yf, rs, dst):
     return bad
 
 
-@_parallel
-def _run_par(vtid, x4, xflat, kid, kind, n, aq, af, ids, y, yf, rs, dst, nth, counter, bad):
-    """``_run`` with the tasks on ``nth`` threads, taken from ``counter[0]``; thread th counts its
-    bad ids in ``bad[th]``."""
-    if kind < 0:
-        _quantize_rows(vtid, x4, xflat, y, rs)
-    ntasks = dst.shape[1] * dst.shape[2] * -(-dst.shape[3] // RT)
-    counter[0] = 0
-    nth = min(nth, ntasks)
-    for th in prange(nth):
-        bad[th] = 0
-        t = simd.fetch_add(counter, 0, 1)
-        while t < ntasks:
-            bad[th] += _task(kid, kind, n, aq, af, ids, y, yf, rs, x4.shape[2], dst, t)
-            t = simd.fetch_add(counter, 0, 1)
-    return bad[:nth].sum()
-
-
 @_kernel
 def _chunk(c, nc, kid, kind, n, aq, af, ids, y, yf, rs, n_b, dst, bad):
     """Chunk c of nc of the tasks, a contiguous run of them (a pool job's body); its count of bad
@@ -156,13 +136,10 @@ def mul_mat_id_steps(as4, wtype, b, ids, dst, nth):
     if dst.size == 0:
         return []
     parallel = nth > 1 and n_tokens * n_used * m * k >= PARALLEL_MIN_MACS
-    if n_tokens == 1:   # a decode step: on the pool (pool.py), as its other products
-        ntasks = n_used * -(-m // RT)
-        nc = min(ntasks, POOL_CHUNKS_PER_THREAD * nth) if parallel else 1
+    if parallel:   # on the pool (pool.py), as the other products: chunks of consecutive tasks
+        ntasks = n_tokens * n_used * -(-m // RT)
+        nc = min(ntasks, (POOL_CHUNKS_PER_THREAD if n_tokens == 1 else PREFILL_CHUNKS_PER_THREAD) * nth)
         run, par = _run_pool, (get_pool().state, nc, thread_scratch("bad", nc, 1, np.int64)[:, 0])
-    elif parallel:
-        run, par = _run_par, (nth, thread_scratch("counter", 1, 1, np.int64)[0],
-                              thread_scratch("bad", nth, 1, np.int64)[:, 0])
     else:
         run, par = _run, ()
     what = "mul_mat_id: expert ids"

@@ -15,23 +15,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange
 
 from ...cache import tie_cache
 from ...ops import Op, norm_eps
 from ...types import Type
-from . import common, simd
+from . import common, pool, simd
 from .table import forward
-from .common import launch, parallel_kernel, unravel_row
+from .common import chunk, launch, parallel_kernel, unravel_row
 
 _NORM, _RMS_NORM = 0, 1
 
 
 @parallel_kernel
-def norm(mode, x, dst, eps):
+def norm(ch, nch, mode, x, dst, eps):
     n3, n2, n1, n0 = x.shape
     eps32 = np.float32(eps)
-    for r in prange(n3 * n2 * n1):
+    for r in chunk(n3 * n2 * n1, ch, nch):
         i3, i2, i1 = unravel_row(r, n1, n2)
         xr, yr = x[i3, i2, i1], dst[i3, i2, i1]
         mean = np.float32(0.0)
@@ -60,4 +59,4 @@ def norm_forward(node, dst, srcs):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, pool.__file__, __file__)

@@ -6,6 +6,11 @@ step, where the other core's caches must hand the data back). A decode step of t
 model is ~80 kernels of 2-20 µs: its mat-vecs ran on one thread because two cost more than they
 saved, while llama.cpp splits every one of them over both threads. Here a job costs the caller a
 few atomic operations on one array, and the workers are always ready during a generation.
+Prompts run on it too: in a VM, waking a thread whose virtual CPU went idle took ~0.25 ms, and
+after an idle spell libgomp's workers and its barrier's waiting caller fell asleep at every region,
+each of a prompt's ~100 regions paying two such wakes (measured: 500 µs regions, the embedded
+model's cold 128-token prompt 9.4 ms against 8.4 warm). A pool job never sleeps in its caller, and
+a worker that wakes late costs it at most the chunk it then takes.
 
 How a job runs (``parallel_for(state, body, n, args)``, called from jitted code):
 
@@ -28,9 +33,8 @@ on ``WORD`` for ``SPINS`` rounds (~0.3 ms on the dev machine: a decode step's jo
 µs and its tokens every ~0.3 ms), then nap ``NAP_US`` at a time for ``NAPS`` naps (~10 ms), then
 sleep on a futex until the next job (Linux; elsewhere they keep napping). ``ACTIVE`` says how many
 may take chunks: the backend sets it before each graph from its thread governor (``threads.py``),
-so on a busy machine the others sleep instead of competing with their own caller, and to none in
-a graph with OpenMP regions (a prompt's), whose workers need the cores. An inactive worker sleeps
-on the futex at once; the next job posted wakes it.
+so on a busy machine the others sleep instead of competing with their own caller. An inactive
+worker sleeps on the futex at once; the next job posted wakes it.
 
 A body gets its chunk ``c`` of ``n`` and the arguments; it must not raise (its exceptions are
 dropped on a worker) and its chunks must be independent. Numba's native structs of the arguments
@@ -57,12 +61,12 @@ from ...cache import tie_cache
 from . import simd
 from .simd import compare_exchange, fetch_add, load_acquire, spin_pause, store_release
 
-# The prompt's kernels are still OpenMP regions (Numba's prange), and libgomp's workers spin ~300,000
-# polls (~8 ms here) after each region before they sleep. A decode step right after a prompt then
-# has two threads spinning for the second core, ours and libgomp's, and each gets it half the time:
+# OpenMP regions (Numba's prange) remain in convert.quantize (model loading, a quantized KV cache's
+# Python steps), and libgomp's workers spin ~300,000 polls (~8 ms here) after each region before
+# they sleep: a decode step right after one then has two threads spinning for the second core,
+# ours and libgomp's, each getting it half the time (when the prompts' kernels were OpenMP regions,
 # the embedded model decoded at 3,410 tok/s after its prompts against 4,164 with a spin of 10,000
-# polls (~0.25 ms, as long as our workers spin), its prompts unchanged (14,063 / 14,026 tok/s);
-# OMP_WAIT_POLICY=passive lost 27% of the prompt speed. libgomp reads its variables once, when it is
+# polls, ~0.25 ms, as long as our workers spin). libgomp reads its variables once, when it is
 # loaded: unless the user set them, this loads Numba's threading layer now with the spin count set,
 # then takes the variable out of the environment again, so that child processes (another program's
 # OpenMP, llama.cpp in the benchmarks) do not inherit it.

@@ -30,15 +30,15 @@ import functools
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ...cache import tie_cache
 from ...ops import (ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, Op, rope_params, rope_theta_scale,
                     rope_yarn_corr_dims)
 from ...types import Type
-from . import common, simd
+from . import common, pool, simd
 from .table import address, current_scope, forward
-from .common import launch, parallel_kernel, unravel_row
+from .common import chunk, launch, parallel_kernel, unravel_row
 from .simd import fma as fmaf  # fused where the target has FMA, as GCC contracts GGML's C
 
 _kernel = njit(cache=True, error_model="numpy")
@@ -80,10 +80,10 @@ def rope_cache(pos, ff, has_ff, n_dims, consts, cache):
 
 
 @_pkernel
-def rope(x, cache, n_dims, neox, dst):
+def rope(ch, nch, x, cache, n_dims, neox, dst):
     n3, n2, n1, n0 = x.shape
     half = n_dims // 2
-    for r in prange(n3 * n2 * n1):
+    for r in chunk(n3 * n2 * n1, ch, nch):
         i3, i2, i1 = unravel_row(r, n1, n2)
         xr, yr = x[i3, i2, i1], dst[i3, i2, i1]
         c = cache[i2]
@@ -136,4 +136,4 @@ def rope_forward(node, dst, srcs):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, pool.__file__, __file__)

@@ -1026,8 +1026,8 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 @intrinsic
 def fetch_add(typingctx, arr, i, v):
     """Atomically ``old = arr[i]; arr[i] += v; return old`` on an int64 array (LLVM ``atomicrmw
-    add``, sequentially consistent). Threads of a ``prange`` loop use it to take the next task from
-    a shared counter, so a thread that runs slower (a busy core) simply takes fewer tasks."""
+    add``, sequentially consistent): a counter that threads share (the pool's job generation and
+    finished chunks, ``pool.py``)."""
     if not (_is_array(arr) and arr.dtype == types.int64 and isinstance(i, types.Integer)
             and isinstance(v, types.Integer)):
         return None

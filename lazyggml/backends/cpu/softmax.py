@@ -20,14 +20,14 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ...cache import tie_cache
 from ...ops import Op, diag_mask_n_past, powf, soft_max_alibi, soft_max_params
 from ...types import Type
-from . import common, elementwise, quant, simd
+from . import common, elementwise, pool, quant, simd
 from .table import forward
-from .common import KIND, as_bits, launch, parallel_kernel, to_f32, unravel_row
+from .common import KIND, as_bits, chunk, launch, parallel_kernel, to_f32, unravel_row
 from .elementwise import fmaf, v_expf
 
 _kernel = njit(cache=True, error_model="numpy")
@@ -38,11 +38,11 @@ _NEG_INF = -np.float32(np.inf)
 
 
 @_pkernel
-def soft_max(x, mask, mkind, has_mask, slopes, scale, dst):
+def soft_max(ch, nch, x, mask, mkind, has_mask, slopes, scale, dst):
     n3, n2, n1, n0 = x.shape
     scale32 = np.float32(scale)
     m3, m2 = mask.shape[0], mask.shape[1]
-    for r in prange(n3 * n2 * n1):
+    for r in chunk(n3 * n2 * n1, ch, nch):
         i3, i2, i1 = unravel_row(r, n1, n2)
         xr, yr = x[i3, i2, i1], dst[i3, i2, i1]
         for i in range(n0):
@@ -114,5 +114,5 @@ def diag_mask_inf_forward(node, dst, srcs):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, elementwise.__file__,
+tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, pool.__file__, elementwise.__file__,
                __file__)

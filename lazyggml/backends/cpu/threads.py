@@ -1,19 +1,19 @@
 """How many threads a graph runs on: the backend's count, fewer while other programs keep CPUs busy.
 
-A parallel kernel of a prompt is an OpenMP fork-join region (Numba's default threading layer): it
-ends only when every worker has arrived. (A decode step's jobs on the backend's own pool,
-``pool.py``, wait only for chunks a worker has taken, but a worker that spins beside another
-program still takes half a CPU from it: the pool's active workers follow this count too.) When another program keeps a CPU busy, the OS shares that CPU
-between it and one of our workers, and every region then waits for that worker's next turn while
-the others spin: measured on the 2-core dev machine with one busy process beside it, the 125M
-model decoded at 35-40 tok/s on 2 threads against 74 on one (140 idle on 2), and llama.cpp, whose
-threads spin the same way, collapses too. So each graph runs on ``min(n_threads, CPUs not busy
-with other programs)``, decided just before it starts:
+The parallel kernels are jobs of the backend's own pool (``pool.py``), which wait only for chunks
+a worker has taken; but a worker that spins beside another program still takes half a CPU from it,
+and when the kernels were OpenMP fork-join regions (Numba's default threading layer), each of which
+ends only when every worker has arrived, the OS shared a busy CPU between the other program and
+one of our workers and every region waited for that worker's next turn: measured on the 2-core
+dev machine with one busy process beside it, the 125M model decoded at 35-40 tok/s on 2 threads
+against 74 on one (140 idle on 2), and llama.cpp, whose threads spin the same way, collapses too.
+So each graph runs on ``min(n_threads, CPUs not busy with other programs)`` (the pool's active
+workers, and Numba's thread count), decided just before it starts:
 
 * **how busy**: the kernel's count of runnable tasks, system-wide (``/proc/loadavg``'s fourth
   field, read with one ``pread``: under a microsecond), minus our own threads, which the count
-  includes (the threads of our last graph, assumed still running: OpenMP's workers spin for a
-  while after a region, so this errs towards using every thread);
+  includes (the threads of our last graph, assumed still running: the pool's workers spin for a
+  while after a job, so this errs towards using every thread);
 * **steadily**: the lower median of the last ``WINDOW`` readings (a majority must see a CPU taken;
   all threads until there are that many), so that a process that runs for an instant moves nothing
   (on an idle machine about one reading in ten counts one task too many), and a program that keeps
