@@ -53,6 +53,88 @@ def test_cpu_through_gallocr(case, cpu):
     assert run_case(case, cpu, gallocr=True) == "ok", f"{case.name}: the CPU backend does not support it"
 
 
+# ===================================================================================================
+# every parallel kernel as a job of the CPU backend's thread pool
+# ===================================================================================================
+# The families whose kernels split their rows or tiles over threads (common.parallel_kernel, the
+# products' and MUL_MAT_ID's tasks, flash attention's tiles).
+_POOLED_FAMILIES = ("mul_mat", "unary", "binary", "glu", "norm", "rope", "soft_max", "flash_attn", "attention")
+
+
+@pytest.fixture
+def every_kernel_pooled(monkeypatch):
+    """Every parallel kernel takes its pool job, whatever its size (the thresholds at 0)."""
+    from lazyggml.backends.cpu import common, matmul, matmul_id
+    monkeypatch.setattr(common, "PARALLEL_MIN_ELEMENTS", 0)
+    for name in ("PARALLEL_MIN_MACS", "FLOAT_PARALLEL_MIN_MACS", "POOL_MIN_MACS"):
+        monkeypatch.setattr(matmul, name, 0)
+    monkeypatch.setattr(matmul_id, "PARALLEL_MIN_MACS", 0)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.family in _POOLED_FAMILIES],
+                         ids=[c.name for c in CASES if c.family in _POOLED_FAMILIES])
+def test_cpu_every_kernel_on_the_pool(case, cpu, every_kernel_pooled):
+    """The catalogue's cases of the parallel families, every kernel split into chunks on the pool
+    (the backend's workers active), against their oracles on this session's random data."""
+    assert run_case(case, cpu) == "ok", f"{case.name}: the CPU backend does not support it"
+
+
+def _bits_alone_and_pooled(monkeypatch, specs, datas, build):
+    """The result's bytes computed with every kernel on this thread, then with every kernel a pool job."""
+    from lazyggml.backends.cpu import common, matmul
+    alone = []
+    for threshold in (1 << 62, 0):
+        monkeypatch.setattr(common, "PARALLEL_MIN_ELEMENTS", threshold)
+        for name in ("PARALLEL_MIN_MACS", "FLOAT_PARALLEL_MIN_MACS", "POOL_MIN_MACS"):
+            monkeypatch.setattr(matmul, name, threshold)
+        alone.append(run_lazyggml(specs, datas, build, backend_cpu_init()))
+    return alone
+
+
+_POOL_BITS = [   # (name, input specs, build): shapes with rows or tiles that do not divide evenly
+    ("rms_norm", [f32(256, 37, 3)], lambda a: lg.rms_norm(a, 1e-6)),
+    ("add, b repeated over rows", [f32(256, 37, 3), f32(256, 1, 3)], lambda a, b: lg.add(a, b)),
+    ("mul, b tiled along dim 0", [f32(256, 37, 3), f32(64, 37, 3)], lambda a, b: lg.mul(a, b)),
+    ("silu", [f32(300, 41)], lambda a: lg.silu(a)),
+    ("swiglu", [f32(512, 41)], lambda a: lg.swiglu(a)),
+    ("soft_max_ext with a mask", [f32(96, 70, 4), f32(96, 70)], lambda a, m: lg.soft_max_ext(a, m, 0.125)),
+    ("flash_attn_ext, tiled", [f32(64, 130, 4), (F16, (64, 160, 2)), (F16, (64, 160, 2))],
+     lambda q, k, v: lg.flash_attn_ext(q, k, v, None, 0.125)),
+    ("mul_mat Q4_K, 40 columns", [(Q4_K, (512, 72)), f32(512, 40)], lambda w, x: lg.mul_mat(w, x)),
+    ("mul_mat F16, 40 columns", [(F16, (256, 72)), f32(256, 40)], lambda w, x: lg.mul_mat(w, x)),
+]
+
+
+@pytest.mark.parametrize("name, specs, build", _POOL_BITS, ids=[p[0] for p in _POOL_BITS])
+def test_pool_jobs_give_the_bits_of_one_thread(name, specs, build, monkeypatch):
+    """A kernel's chunks on the pool compute exactly what it computes alone: the same bits."""
+    rng = np.random.default_rng(SEED)
+    datas = []
+    for t, ne in specs:
+        x = rng.uniform(-1, 1, tuple(reversed(ne))).astype(np.float32)
+        datas.append(x.astype(np.float16) if t == F16 else
+                     quants.quantize(t, x.reshape(-1, ne[0])).reshape(-1) if t == Q4_K else x)
+    alone, pooled = _bits_alone_and_pooled(monkeypatch, specs, datas, build)
+    assert np.array_equal(alone, pooled), f"{name}: the pool's result differs from one thread's (seed {SEED})"
+
+
+def test_no_kernel_a_plan_runs_is_an_openmp_region():
+    """The CPU kernels are plain or pool jobs; Numba's OpenMP regions (parallel=True) are left only
+    in convert.py's row quantizers, which Python steps call (model loading, quantized KV caches)."""
+    import importlib
+    import pkgutil
+    from numba.core.registry import CPUDispatcher
+    import lazyggml.backends.cpu as cpu_pkg
+    regions = []
+    for info in pkgutil.iter_modules(cpu_pkg.__path__):
+        mod = importlib.import_module(f"lazyggml.backends.cpu.{info.name}")
+        for name, obj in vars(mod).items():
+            for d in (obj, getattr(obj, "run", None)):
+                if isinstance(d, CPUDispatcher) and d.targetoptions.get("parallel"):
+                    regions.append(f"{info.name}.{name}")
+    assert sorted(set(regions)) == ["convert.dequantize_rows_parallel", "convert.quantize_rows_parallel"]
+
+
 def compute(cpu, build, *datas):
     """Build ``build(*leafs)`` over F32/F16/I32 leafs made from ``datas`` (NumPy order), compute it
     on the CPU and return the result's NumPy array."""
