@@ -395,10 +395,10 @@ def flash_attn_tiled(ch, nch, q, k, kshape, kst, kkind, v, vst, vkind, mask, mki
               scale32, softcap32, n_kv, dst)
 
 
-@_kernel
-def _rows_chunk(ch, nch, q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask, slopes, scale, softcap,
-                nchunk, parts, stats, dst):
-    """Chunk ``ch`` of ``nch`` of the row-by-row path (a pool job's body): its share of the items
+@parallel_kernel
+def flash_attn_rows(ch, nch, q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask, slopes, scale, softcap,
+                    nchunk, parts, stats, dst):
+    """Chunk ``ch`` of ``nch`` of the row-by-row path: its share of the items
     (query row, chunk of cells), each written to ``dst`` (``nchunk`` 1) or to ``parts`` and
     ``stats`` (more, for ``_reduce_chunks``)."""
     nq3, nq2, nq1, d = q.shape
@@ -409,7 +409,7 @@ def _rows_chunk(ch, nch, q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, h
     n_items = nq3 * nq2 * nq1 * nchunk
     clen = (n_kv + nchunk - 1) // nchunk
     qh = np.empty(d, np.float32)
-    for item in range(ch * n_items // nch, (ch + 1) * n_items // nch):
+    for item in chunk(n_items, ch, nch):
         r, c = item // nchunk, item % nchunk
         iq3, iq2, iq1 = unravel_row(r, nq1, nq2)
         ik2, ik3 = iq2 // r2, iq3 // r3
@@ -430,14 +430,6 @@ def _rows_chunk(ch, nch, q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, h
         else:
             stats[r, c, 0] = big
             stats[r, c, 1] = total
-
-
-@_kernel
-def flash_attn_rows(state, nch, q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask, slopes, scale,
-                    softcap, nchunk, parts, stats, dst):
-    """The row-by-row path in ``nch`` chunks on the CPU backend's pool (``state``, pool.py)."""
-    pool.parallel_for(state, _rows_chunk, nch, (q, k, kshape, kst, kkind, v, vst, vkind, mask, mkind, has_mask,
-                                                 slopes, scale, softcap, nchunk, parts, stats, dst))
 
 
 @_kernel
@@ -500,7 +492,7 @@ def flash_attn_forward(node, dst, srcs):
         return [launch(flash_attn_tiled, work, *args, dst)]
     n_items = q_t.ne[1] * q_t.ne[2] * q_t.ne[3] * nchunk
     nch = 1 if work < common.PARALLEL_MIN_ELEMENTS else min(n_items, ROW_CHUNKS_PER_THREAD * nth)
-    steps = [(flash_attn_rows, (get_pool().state, nch) + args + (nchunk, parts, stats, dst))]
+    steps = [(flash_attn_rows.run, (get_pool().state, nch) + args + (nchunk, parts, stats, dst))]
     if nchunk > 1:
         steps.append((_reduce_chunks, (parts, stats, dst)))
     return steps

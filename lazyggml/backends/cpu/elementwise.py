@@ -2,8 +2,8 @@
 SQR, SQRT, LOG, SIN, COS, SCALE, CLAMP and every UNARY sub-op (one kernel), and GLU.
 
 Each family is one loop over rows (i3, i2, i1), split over threads by ``common.parallel_kernel``,
-that calls a row function with an integer op code. The code is tested once per row and each branch is a plain loop, so LLVM vectorizes the
-cheap ones (a per-element switch would not). The scalar formulas are GGML's (``vec.h``,
+that calls a row function with an integer op code. The code is tested once per row and each
+branch is a plain loop, so LLVM vectorizes the cheap ones (a per-element switch would not). The scalar formulas are GGML's (``vec.h``,
 ``unary-ops.cpp``), in float32 with GGML's evaluation order.
 
 Exponentials: SILU, SWIGLU (and SOFT_MAX, softmax.py) use ``v_expf``, GGML's own vectorizable
@@ -384,4 +384,5 @@ def glu_forward(node, dst, srcs):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, pool.__file__, types.__file__, __file__)   # UnaryOp's values
+tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, pool.__file__, types.__file__,   # UnaryOp's values
+          __file__)

@@ -61,7 +61,7 @@ from . import dispatch as D
 from . import quant as Q
 from . import pool, simd
 from . import vec_dot as V
-from .common import FLOAT_TYPES, KIND, KIND_F16, KIND_F32, chunk, from_f32, to_f32, unravel_row
+from .common import FLOAT_TYPES, KIND, KIND_F16, KIND_F32, chunk, from_f32, parallel_kernel, to_f32, unravel_row
 from .traits import TYPE_TRAITS_CPU, types_with
 
 _kernel = njit(cache=True)
@@ -147,17 +147,12 @@ def _quantize_rows(vtid, x4, xflat, yq, rs, bsz, r0, r1, tmp, rowbuf):
             yq[o:o + bsz] = rowbuf[src + i * bsz:src + (i + 1) * bsz]
 
 
-@_kernel
-def _quantize_chunk(c, nc, vtid, x4, xflat, yq, rs, bsz, tmp, rowbuf):
-    """Chunk c of nc of ``_quantize_acts`` (a pool job's body), in row c of ``tmp`` / ``rowbuf``
-    (room for ceil(rows / nc) quantized rows)."""
+@parallel_kernel
+def _quantize_acts_chunk(c, nc, vtid, x4, xflat, yq, rs, bsz, tmp, rowbuf):
+    """Chunk c of nc of ``_quantize_acts``, in row c of ``tmp`` / ``rowbuf`` (room for ceil(rows /
+    nc) quantized rows)."""
     nrows = x4.shape[0] * x4.shape[1] * x4.shape[2]
     _quantize_rows(vtid, x4, xflat, yq, rs, bsz, c * nrows // nc, (c + 1) * nrows // nc, tmp[c], rowbuf[c])
-
-
-@_kernel
-def _quantize_acts_pool(vtid, x4, xflat, yq, rs, bsz, state, nc, tmp, rowbuf):
-    pool.parallel_for(state, _quantize_chunk, nc, (vtid, x4, xflat, yq, rs, bsz, tmp, rowbuf))
 
 
 @_kernel
@@ -207,17 +202,12 @@ def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
     D.dot_tile(kid, n, w4, j3, j2, r0, r1, yq, yo, bsz, ne11 * bsz, nc, acc, tmp, dst, i3, i2, c0)
 
 
-@_kernel
+@parallel_kernel
 def _tasks_chunk(c, nc, kid, n, w4, yq, rs, bsz, dst, RT, CT, acc, tmp):
-    """Chunk c of nc of the tasks (a pool job's body: a run of consecutive tasks, which share
-    their column tile), in row c of ``acc`` / ``tmp``."""
+    """Chunk c of nc of the tasks (a run of consecutive tasks, which share their column tile), in
+    row c of ``acc`` / ``tmp``."""
     for t in chunk(_n_tasks(w4, dst, RT, CT), c, nc):
         _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc[c], tmp[c])
-
-
-@_kernel
-def _run_fast_pool(kid, n, w4, yq, rs, bsz, dst, RT, CT, state, nc, acc, tmp):
-    pool.parallel_for(state, _tasks_chunk, nc, (kid, n, w4, yq, rs, bsz, dst, RT, CT, acc, tmp))
 
 
 @_kernel
@@ -235,12 +225,12 @@ def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
 # The column is quantized by the product's own call: one call, and one set of arguments for
 # Python to pass, per product instead of two (a call costs ~0.3 µs, each array argument ~0.1 µs
 # more). The products after it with the same column (K then V and Q; FFN gate then up) find it
-# quantized (the plan's scope) and run ``_run_rows`` alone.
+# quantized (the plan's scope) and run ``_rows_chunk.run`` alone.
 
-@_kernel
+@parallel_kernel
 def _rows_chunk(c, nc, kid, n, w4, yq, rs, dst):
     """Chunk c of nc of a single column's product: its share of the rows of every batch, in one
-    ``dispatch.dot_rows`` call per batch (a pool job's body)."""
+    ``dispatch.dot_rows`` call per batch."""
     ne13, ne12, ne01 = dst.shape[0], dst.shape[1], w4.shape[2]
     total = ne13 * ne12 * ne01
     lo, hi = c * total // nc, (c + 1) * total // nc
@@ -254,15 +244,10 @@ def _rows_chunk(c, nc, kid, n, w4, yq, rs, dst):
 
 
 @_kernel
-def _run_rows(kid, n, w4, yq, rs, dst, state, nc):
-    """A single column's rows in ``nc`` chunks on the pool (``state``; one chunk: this thread)."""
-    pool.parallel_for(state, _rows_chunk, nc, (kid, n, w4, yq, rs, dst))
-
-
-@_kernel
 def _matvec(vtid, x4, xflat, kid, n, w4, yq, rs, bsz, dst, state, nc):
+    """The column quantized, then its rows in ``nc`` chunks on the pool (one chunk: this thread)."""
     _quantize_acts(vtid, x4, xflat, yq, rs, bsz)
-    _run_rows(kid, n, w4, yq, rs, dst, state, nc)
+    pool.parallel_for(state, _rows_chunk, nc, (kid, n, w4, yq, rs, dst))
 
 
 # ---- float weights --------------------------------------------------------------------------------
@@ -312,15 +297,10 @@ def _task_float(kind, n, w4, xf, dst, t, RT, CT):
                     dst[i3, i2, c0 + c + k, r + 1] = s[3 + k]
 
 
-@_kernel
+@parallel_kernel
 def _float_chunk(c, nc, kind, n, w4, xf, dst, RT, CT):
     for t in chunk(_n_tasks(w4, dst, RT, CT), c, nc):
         _task_float(kind, n, w4, xf, dst, t, RT, CT)
-
-
-@_kernel
-def _run_float_pool(kind, n, w4, xf, dst, RT, CT, state, nc):
-    pool.parallel_for(state, _float_chunk, nc, (kind, n, w4, xf, dst, RT, CT))
 
 
 @_kernel
@@ -438,7 +418,7 @@ def mul_mat_steps(w, wtype, x, dst, nth):
         kind = KIND[wtype]
         if parallel:
             nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth)
-            steps.append((_run_float_pool, (kind, ne10, w, xf.reshape(-1), dst, RT, CT, pool.get_pool().state, nc)))
+            steps.append((_float_chunk.run, (pool.get_pool().state, nc, kind, ne10, w, xf.reshape(-1), dst, RT, CT)))
         else:
             steps.append((_run_float, (kind, ne10, w, xf.reshape(-1), dst, RT, CT)))
         return steps
@@ -458,27 +438,28 @@ def mul_mat_steps(w, wtype, x, dst, nth):
     if nrows_x == 1:   # a single column (decode): on the pool, quantized by the product's own call
         rows = (int(wtype), ne10, w, yq, rs, dst, pool.get_pool().state, pool_chunks(macs, ne01 * ne12 * ne13, nth))
         if done:
-            return [(_run_rows, rows)]
+            return [(_rows_chunk.run, rows[6:] + rows[:6])]
         if scope is not None:
             scope.put("yq", key, (x,))
         return [(_matvec, (int(vt), x, xflat) + rows[:4] + (rs, bsz) + rows[5:])]
     if parallel:   # pool jobs: the chunks, and each chunk's scratch
         state = pool.get_pool().state
         nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth)
-        tasks = (state, nc, thread_scratch("acc", nc, V.ACC_PER_COL * CT, np.float32),
-                 thread_scratch("tmp", nc, 2 * CT, np.float32))
+        scratch_rows = (thread_scratch("acc", nc, V.ACC_PER_COL * CT, np.float32),
+                        thread_scratch("tmp", nc, 2 * CT, np.float32))
         qc = min(nrows_x, PREFILL_CHUNKS_PER_THREAD * nth)
     if done:
         steps = []
     elif parallel:
-        steps = [(_quantize_acts_pool, (int(vt), x, xflat, yq, rs, bsz, state, qc, thread_scratch("qtmp", qc, ne10, np.float32),
-                                        thread_scratch("qrow", qc, -(-nrows_x // qc) * rs, np.uint8)))]
+        steps = [(_quantize_acts_chunk.run, (state, qc, int(vt), x, xflat, yq, rs, bsz,
+                                             thread_scratch("qtmp", qc, ne10, np.float32),
+                                             thread_scratch("qrow", qc, -(-nrows_x // qc) * rs, np.uint8)))]
     else:
         steps = [(_quantize_acts, (int(vt), x, xflat, yq, rs, bsz))]
     if steps and scope is not None:
         scope.put("yq", key, (x,))
     if parallel:
-        steps.append((_run_fast_pool, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT) + tasks))
+        steps.append((_tasks_chunk.run, (state, nc, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT) + scratch_rows))
     else:
         steps.append((_run_fast, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT)))
     return steps

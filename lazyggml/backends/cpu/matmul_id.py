@@ -15,9 +15,10 @@ or rounded to F16/BF16), each row's bytes in one run; then every (token, slot) p
 mat-vec of its expert's rows by the mul_mat kernels (``dispatch.dot_rows``; two rows at a time
 through ``vec_dot.dot_pair_*`` for float weights), so each result element has the arithmetic of
 ``mul_mat``'s, hence GGML's bits. The work is cut into tasks of (pair, ``RT`` rows) that run
-as chunks of consecutive tasks on the CPU backend's pool (``pool.py``), as its other products. A decode step routes a token to a few experts of many: only their
-rows are read. GGML groups a prompt's pairs by expert to reuse its rows over columns (tiles, as
-mul_mat's prefill); not done here yet: a prompt reads each used expert's rows once per token.
+as chunks of consecutive tasks on the CPU backend's pool (``pool.py``), as its other products. A
+decode step routes a token to a few experts of many: only their rows are read. GGML groups a
+prompt's pairs by expert to reuse its rows over columns (tiles, as mul_mat's prefill); not done
+here yet: a prompt reads each used expert's rows once per token.
 
 An id outside [0, n_expert) skips its pair and makes the step raise ``IndexError`` (ids are
 computed by the graph, so they are checked at every run: ``table.Checked``).
@@ -34,7 +35,7 @@ from ...types import Type, row_size, type_size
 from . import common, matmul, pool, simd
 from . import dispatch as D
 from . import vec_dot as V
-from .common import FLOAT_TYPES, KIND, KIND_F32
+from .common import FLOAT_TYPES, KIND, KIND_F32, chunk
 from .matmul import (PARALLEL_MIN_MACS, POOL_CHUNKS_PER_THREAD, PREFILL_CHUNKS_PER_THREAD, SUPPORTED_TYPES,
                      dot_rows_float, round_acts, scratch, thread_scratch)
 from .pool import get_pool
@@ -108,15 +109,15 @@ def _chunk(c, nc, kid, kind, n, aq, af, ids, y, yf, rs, n_b, dst, bad):
     ids in ``bad[c]``."""
     ntasks = dst.shape[1] * dst.shape[2] * -(-dst.shape[3] // RT)
     b = 0
-    for t in range(c * ntasks // nc, (c + 1) * ntasks // nc):
+    for t in chunk(ntasks, c, nc):
         b += _task(kid, kind, n, aq, af, ids, y, yf, rs, n_b, dst, t)
     bad[c] = b
 
 
 @_kernel
 def _run_pool(vtid, x4, xflat, kid, kind, n, aq, af, ids, y, yf, rs, dst, state, nc, bad):
-    """``_run`` with the tasks in ``nc`` chunks on the CPU backend's pool (a decode step's token:
-    ``pool.py``); returns the count of bad ids."""
+    """``_run`` with the tasks in ``nc`` chunks on the CPU backend's pool (``pool.py``); returns the
+    count of bad ids."""
     if kind < 0:
         _quantize_rows(vtid, x4, xflat, y, rs)
     pool.parallel_for(state, _chunk, nc, (kid, kind, n, aq, af, ids, y, yf, rs, x4.shape[2], dst, bad))
