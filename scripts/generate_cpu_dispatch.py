@@ -51,6 +51,8 @@ class Switch:
     pair_field: str = ""         # the field of a kernel for two rows at once, where a type has one ...
     pair_body: str = ""          # ... and the branch's lines for those types, around ``{kernel}`` and ``{pair}``
     #                              (taken where simd.HAVE_AVX512BW, else ``body``)
+    tile_field: str = ""         # the field of a kernel for a whole tile, where a type has one: its call
+    #                              replaces ``body`` (with ``sw.params``)
 
 
 SWITCHES = [
@@ -85,7 +87,7 @@ SWITCHES = [
            "Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the nc activation columns\n"
            "    from byte yo of y into dst[i3, i2, c0:c0 + nc] (``vec_dot.dot_cols_*``, two rows at once\n"
            "    with ``dot_cols2_*`` where the type has it and the CPU AVX-512BW), for the quantized\n"
-           "    weight types.",
+           "    weight types; ``tile_*`` where the type has one.",
            body="for r in range(r0, r1):\n"
                 "    {kernel}(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)\n"
                 "    for k in range(nc):\n"
@@ -99,7 +101,8 @@ SWITCHES = [
                      "if (r1 - r0) % 2:\n"
                      "    {kernel}(n, w4[j3, j2, r1 - 1], y, yo, ycs, ybs, nc, acc, out)\n"
                      "    for k in range(nc):\n"
-                     "        dst[i3, i2, c0 + k, r1 - 1] = out[k]"),
+                     "        dst[i3, i2, c0 + k, r1 - 1] = out[k]",
+           tile_field="tile"),
 ]
 
 HEADER = '''\
@@ -180,11 +183,15 @@ def _switch_code(sw, modules):
         kernel = _kernel_name(getattr(TYPE_TRAITS_CPU[t], sw.field), modules)
         pair = getattr(TYPE_TRAITS_CPU[t], sw.pair_field) if sw.pair_field else None
         body = sw.body.format(kernel=kernel) if sw.body else f"{kernel}({sw.params})"
+        tile = getattr(TYPE_TRAITS_CPU[t], sw.tile_field) if sw.tile_field else None
+        if tile is not None:
+            tile = _kernel_name(tile, modules)
+            body = f"{tile}({sw.params})"
         if pair is not None:   # pair kernels only where 512-bit vectors are native (see PAIR_NOTE)
             pair = _kernel_name(pair, modules)
             body = "\n".join(["if simd.HAVE_AVX512BW:"] + _indent(sw.pair_body.format(kernel=kernel, pair=pair))
                               + ["else:"] + _indent(body))
-        cases[t] = kernel if pair is None else f"{kernel}+{pair}"
+        cases[t] = "+".join(k for k in (tile or kernel, pair) if k)
         lines += [f"    {'elif' if i else 'if'} tid == {int(t)}:  # {t.name}"] + [f"        {b}" for b in body.split("\n")]
     return lines, cases
 

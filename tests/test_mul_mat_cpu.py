@@ -293,6 +293,28 @@ def test_columns_together_equal_columns_alone(t):
         assert np.array_equal(alone[0, 0, 0], together[0, 0, c]), c
 
 
+@pytest.mark.parametrize("n", [256, 768, 2048])
+def test_q4_K_tile_min_table(n):
+    """Q4_K's tiles share their columns' min table across rows (vec_dot._k4_min_table): a tile of
+    1 to 24 columns (0 to 3 groups of 8, and 0 to 7 alone; from the second column on) over 4 of 5
+    random rows, its scratch NaN at first, gives each (row, column) the bits of the one-column dot_q4_K_q8_K, and
+    dot_cols_q4_K_q8_K gives them for one row."""
+    rng = np.random.default_rng(n)
+    w4 = np.stack([random_blocks(rng, Type.Q4_K, n) for _ in range(5)]).reshape(1, 1, 5, -1)
+    ys = np.concatenate([activation_row(rng, Type.Q4_K, n)[1] for _ in range(25)])
+    rs = ys.size // 25
+    want = np.array([[V.dot_q4_K_q8_K(n, w4[0, 0, r], ys, c * rs) for r in range(5)] for c in range(25)],
+                    np.float32)
+    for nc in (1, 7, 8, 9, 16, 21, 24):
+        acc = np.full(V.acc_floats(n, nc), np.nan, np.float32)
+        out, dst = np.empty(nc, np.float32), np.full((1, 1, nc + 2, 5), np.nan, np.float32)
+        V.tile_q4_K_q8_K(n, w4, 0, 0, 1, 5, ys, rs, rs, type_size(Type.Q8_K), nc, acc, out, dst, 0, 0, 2)
+        assert np.array_equal(dst[0, 0, 2:, 1:].view(np.uint32), want[1:1 + nc, 1:].view(np.uint32)), nc
+        assert np.isnan(dst[0, 0, :2]).all() and np.isnan(dst[0, 0, :, 0]).all(), nc   # nothing else written
+        V.dot_cols_q4_K_q8_K(n, w4[0, 0, 0], ys, 0, rs, type_size(Type.Q8_K), nc, acc, out)
+        assert np.array_equal(out.view(np.uint32), want[:nc, 0].view(np.uint32)), nc
+
+
 @pytest.mark.parametrize("t", types_with("dot_cols2"), ids=lambda t: t.name)
 def test_two_rows_equal_rows_alone(t):
     """dot2_* / dot_cols2_* (two weight rows at once, 512-bit vectors) do per row exactly the
@@ -309,7 +331,7 @@ def test_two_rows_equal_rows_alone(t):
             pair = tr.dot2(n, x, x2, ys, 0)
             assert (pair[0], pair[1]) == (tr.dot(n, x, ys, 0), tr.dot(n, x2, ys, 0)), n
         for nc in (1, 5, 16):
-            acc = np.empty(V.ACC_PER_COL * nc, np.float32)
+            acc = np.empty(V.acc_floats(n, nc), np.float32)
             one, two = np.empty(nc, np.float32), np.empty(2 * nc, np.float32)
             tr.dot_cols2(n, x, x2, ys, 0, rs, type_size(Type.Q8_K), nc, acc, two)
             for row, got in ((x, two[0::2]), (x2, two[1::2])):
@@ -391,7 +413,7 @@ def test_dispatch_has_every_type_of_the_table():
             want["dequantize_chunk"][int(t)] = _kernel_name(tr.to_float)
         if tr.dot_cols is not None:
             want["dot_rows"][int(t)] = _kernel_name(tr.dot) + (f"+{_kernel_name(tr.dot2)}" if tr.dot2 else "")
-            want["dot_tile"][int(t)] = (_kernel_name(tr.dot_cols)
+            want["dot_tile"][int(t)] = (_kernel_name(tr.tile or tr.dot_cols)
                                         + (f"+{_kernel_name(tr.dot_cols2)}" if tr.dot_cols2 else ""))
             vdt = tr.vec_dot_type
             want["from_float"][int(vdt)] = _kernel_name(TYPE_TRAITS_CPU[vdt].from_float)
@@ -444,7 +466,7 @@ _CHILD = f"TYPES = {_TYPES!r}\n" + textwrap.dedent("""
         out[name] = float(tr.vec_dot(int(d["n"]), d[name + "_x"], d[name + "_y"]))
     # several columns at once: Q4_K (K-quant path) and F16 (float path with fp16 decode)
     n, nc = int(d["n"]), int(d["nc"])
-    acc = np.empty(V.ACC_PER_COL * (nc + 4), np.float32)
+    acc = np.empty(V.acc_floats(n, nc + 4), np.float32)
     res = np.empty(nc, np.float32)
     V.dot_cols_q4_K_q8_K(n, d["Q4_K_x"], d["ys"], n - n, int(d["rs"]), 292, nc, acc, res)
     out["cols"] = res.tolist()

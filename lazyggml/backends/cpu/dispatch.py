@@ -208,7 +208,7 @@ def dot_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3,
     """Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the nc activation columns
     from byte yo of y into dst[i3, i2, c0:c0 + nc] (``vec_dot.dot_cols_*``, two rows at once
     with ``dot_cols2_*`` where the type has it and the CPU AVX-512BW), for the quantized
-    weight types."""
+    weight types; ``tile_*`` where the type has one."""
     if tid == 2:  # Q4_0
         for r in range(r0, r1):
             vec_dot.dot_cols_q4_0_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
@@ -256,10 +256,7 @@ def dot_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3,
                 for k in range(nc):
                     dst[i3, i2, c0 + k, r1 - 1] = out[k]
         else:
-            for r in range(r0, r1):
-                vec_dot.dot_cols_q4_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
-                for k in range(nc):
-                    dst[i3, i2, c0 + k, r] = out[k]
+            vec_dot.tile_q4_K_q8_K(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0)
     elif tid == 13:  # Q5_K
         for r in range(r0, r1):
             vec_dot.dot_cols_q5_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
@@ -358,7 +355,7 @@ SWITCHES = {
         8: "vec_dot.dot_cols_q8_0_q8_0",  # Q8_0
         10: "vec_dot.dot_cols_q2_K_q8_K",  # Q2_K
         11: "vec_dot.dot_cols_q3_K_q8_K",  # Q3_K
-        12: "vec_dot.dot_cols_q4_K_q8_K+vec_dot.dot_cols2_q4_K_q8_K",  # Q4_K
+        12: "vec_dot.tile_q4_K_q8_K+vec_dot.dot_cols2_q4_K_q8_K",  # Q4_K
         13: "vec_dot.dot_cols_q5_K_q8_K",  # Q5_K
         14: "vec_dot.dot_cols_q6_K_q8_K+vec_dot.dot_cols2_q6_K_q8_K",  # Q6_K
         20: "vec_dot.dot_cols_iq4_nl_q8_0",  # IQ4_NL

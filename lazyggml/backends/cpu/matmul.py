@@ -212,7 +212,7 @@ def _tasks_chunk(c, nc, kid, n, w4, yq, rs, bsz, dst, RT, CT, acc, tmp):
 
 @_kernel
 def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
-    acc = np.empty(V.ACC_PER_COL * CT, np.float32)
+    acc = np.empty(V.acc_floats(n, CT), np.float32)
     tmp = np.empty(2 * CT, np.float32)
     for t in range(_n_tasks(w4, dst, RT, CT)):
         _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp)
@@ -445,7 +445,7 @@ def mul_mat_steps(w, wtype, x, dst, nth):
     if parallel:   # pool jobs: the chunks, and each chunk's scratch
         state = pool.get_pool().state
         nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth)
-        scratch_rows = (thread_scratch("acc", nc, V.ACC_PER_COL * CT, np.float32),
+        scratch_rows = (thread_scratch("acc", nc, V.acc_floats(ne10, CT), np.float32),
                         thread_scratch("tmp", nc, 2 * CT, np.float32))
         qc = min(nrows_x, PREFILL_CHUNKS_PER_THREAD * nth)
     if done:

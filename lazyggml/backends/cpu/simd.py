@@ -223,6 +223,7 @@ def _make_store(vt):
 store_f32x8 = _make_store(f32x8)
 store_f32x16 = _make_store(f32x16)
 store_i16x8 = _make_store(i16x8)
+store_i16x16 = _make_store(i16x16)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -845,18 +846,54 @@ def _hsum4(builder, r):
     return builder.fadd(builder.fadd(e[0], e[2]), builder.fadd(e[1], e[3]))
 
 
-def _hsum4_cols(builder, rs):
-    """Eight ``<4 x float>`` -> ``<8 x float>`` whose lane c is ``(r_c0 + r_c2) + (r_c1 + r_c3)``:
-    the vectors are transposed (columns c and c + 4 share a 256-bit register, then a 4x4 transpose
-    in each 128-bit half: unpacklo/hi, movelh/hl), and the lane sums done 8 columns at a time."""
+def _transpose_cols(builder, rs):
+    """Eight 4-lane vectors ``r_c`` -> four 8-lane vectors ``T_u`` whose lane c is ``r_c[u]``: columns
+    c and c + 4 share a 256-bit register, then a 4x4 transpose in each 128-bit half (unpacklo/hi,
+    movelh/hl)."""
     q = [builder.shuffle_vector(rs[c], rs[c + 4], _const_mask(range(8))) for c in range(4)]
     lo, hi = _const_mask([0, 8, 1, 9, 4, 12, 5, 13]), _const_mask([2, 10, 3, 11, 6, 14, 7, 15])
     t0, t1 = builder.shuffle_vector(q[0], q[1], lo), builder.shuffle_vector(q[0], q[1], hi)
     t2, t3 = builder.shuffle_vector(q[2], q[3], lo), builder.shuffle_vector(q[2], q[3], hi)
     lh, hl = _const_mask([0, 1, 8, 9, 4, 5, 12, 13]), _const_mask([2, 3, 10, 11, 6, 7, 14, 15])
-    T0, T1 = builder.shuffle_vector(t0, t2, lh), builder.shuffle_vector(t0, t2, hl)
-    T2, T3 = builder.shuffle_vector(t1, t3, lh), builder.shuffle_vector(t1, t3, hl)
+    return (builder.shuffle_vector(t0, t2, lh), builder.shuffle_vector(t0, t2, hl),
+            builder.shuffle_vector(t1, t3, lh), builder.shuffle_vector(t1, t3, hl))
+
+
+def _hsum4_cols(builder, rs):
+    """Eight ``<4 x float>`` -> ``<8 x float>`` whose lane c is ``(r_c0 + r_c2) + (r_c1 + r_c3)``:
+    the vectors transposed (``_transpose_cols``), the lane sums done 8 columns at a time."""
+    T0, T1, T2, T3 = _transpose_cols(builder, rs)
     return builder.fadd(builder.fadd(T0, T2), builder.fadd(T1, T3))
+
+
+@intrinsic
+def transpose_pairs(typingctx, u, a0, a1, a2, a3, a4, a5, a6, a7):
+    """Eight ``<8 x i16>`` ``a_c`` seen as four pairs of int16 each -> ``<16 x i16>`` whose 32-bit
+    lane c is pair ``u`` (a literal 0..3) of ``a_c``: the transpose of ``_transpose_cols`` on 32-bit
+    elements. The four calls on the same vectors share their shuffles once LLVM has seen them."""
+    if not (isinstance(u, types.IntegerLiteral) and all(a == i16x8 for a in (a0, a1, a2, a3, a4, a5, a6, a7))):
+        return None
+    k = u.literal_value
+
+    def codegen(context, builder, sig, args):
+        rs = [builder.bitcast(a, ir.VectorType(_I32, 4)) for a in args[1:]]
+        return builder.bitcast(_transpose_cols(builder, rs)[k], i16x16.llvm_type())
+
+    return i16x16(u, a0, a1, a2, a3, a4, a5, a6, a7), codegen
+
+
+@intrinsic
+def bcast_pair(typingctx, a, u):
+    """``<16 x i16>`` whose eight 32-bit lanes all hold pair ``u`` (a literal 0..3: lanes 2u and
+    2u + 1) of ``<8 x i16>`` ``a`` (one ``vpshufd`` after a ``vinserti128``)."""
+    if not (a == i16x8 and isinstance(u, types.IntegerLiteral)):
+        return None
+    k = u.literal_value
+
+    def codegen(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[0], _const_mask([2 * k, 2 * k + 1] * 8))
+
+    return i16x16(a, u), codegen
 
 
 @intrinsic

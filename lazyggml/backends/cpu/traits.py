@@ -32,6 +32,10 @@ Fields of ``TypeTraitsCpu`` (rows are raw bytes: ``uint8`` 1-D arrays in GGML's 
 * ``dot2(n, x, x2, y, yo) -> (float32, float32)`` and ``dot_cols2(n, x, x2, y, yo, ycs, ybs, nc,
   acc, out)``: the same for two weight rows at once, on 512-bit vectors (the same results, bit for
   bit); optional: the matmul pairs rows of the types that have them on CPUs with AVX-512BW.
+* ``tile(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0)``: a whole tile of
+  the matmul (``dispatch.dot_tile``'s parameters), for a type that does work once per tile rather
+  than once per row (Q4_K: its columns' min table); optional: other types call ``dot_cols`` row by
+  row. Where a type has both, ``dot_cols2`` wins on CPUs with AVX-512BW.
 
 Derived, not stored: ``blck_size`` and ``type_size`` (``types.py`` holds them, for every backend),
 ``fast`` (whether ``vec_dot`` is a SIMD kernel).
@@ -85,6 +89,7 @@ class TypeTraitsCpu:
     dot_cols: Optional[Callable] = None
     dot2: Optional[Callable] = None
     dot_cols2: Optional[Callable] = None
+    tile: Optional[Callable] = None
 
     @property
     def blck_size(self) -> int:
@@ -109,10 +114,10 @@ def _float(t, from_float, to_float, vec_dot, vec_dot_ref):
 
 
 def _quant(t, vdt, from_float_ref, to_float, vec_dot=None, vec_dot_ref=None, dot=None, dot_cols=None,
-           from_float=None, dot2=None, dot_cols2=None):
+           from_float=None, dot2=None, dot_cols2=None, tile=None):
     """A quantized type's row; ``from_float`` is the reference quantizer unless given."""
     return TypeTraitsCpu(t, vdt, from_float_ref, from_float or from_float_ref, to_float, vec_dot, vec_dot_ref,
-                         dot, dot_cols, dot2, dot_cols2)
+                         dot, dot_cols, dot2, dot_cols2, tile)
 
 
 _ROWS = [
@@ -138,7 +143,7 @@ _ROWS = [
            V.vec_dot_q3_K_q8_K, V.vec_dot_q3_K_q8_K_ref, V.dot_q3_K_q8_K, V.dot_cols_q3_K_q8_K),
     _quant(Type.Q4_K, Type.Q8_K, Q.quantize_row_q4_K, Q.dequantize_row_q4_K,
            V.vec_dot_q4_K_q8_K, V.vec_dot_q4_K_q8_K_ref, V.dot_q4_K_q8_K, V.dot_cols_q4_K_q8_K,
-           dot_cols2=V.dot_cols2_q4_K_q8_K),
+           dot_cols2=V.dot_cols2_q4_K_q8_K, tile=V.tile_q4_K_q8_K),
     _quant(Type.Q5_K, Type.Q8_K, Q.quantize_row_q5_K, Q.dequantize_row_q5_K,
            V.vec_dot_q5_K_q8_K, V.vec_dot_q5_K_q8_K_ref, V.dot_q5_K_q8_K, V.dot_cols_q5_K_q8_K),
     _quant(Type.Q6_K, Type.Q8_K, Q.quantize_row_q6_K, Q.dequantize_row_q6_K,
