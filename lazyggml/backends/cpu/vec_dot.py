@@ -532,6 +532,14 @@ def _k4_scales_mins(x, o):
 
 
 @njit(inline="always")
+def _k4_head(x, xb):
+    """The head of the Q4_K/Q5_K block at x[xb]: d, dmin, the scales and mins (``_k4_scales_mins``)
+    and the mins alone."""
+    ms = _k4_scales_mins(x, xb + 4)
+    return _F16[load_u16(x, xb)], _F16[load_u16(x, xb + 2)], ms, hi_half(ms)
+
+
+@njit(inline="always")
 def _k4_min_prod(mins, y, yb):
     """4 int32 lanes m[2u]·q8s[2u] + m[2u+1]·q8s[2u+1], where q8s[s] = bsums[2s] + bsums[2s+1] is
     the sum of the 32 activations of sub-block s (GGML: _mm_hadd_epi16 + _mm_madd_epi16). With
@@ -747,10 +755,7 @@ def _q4_K_row_one_block(x, y, yo, ycs, nc, acc, out):
     zero = splat_f32x8(0.0)
     full = nc - nc % 8                   # columns in whole groups: the table's
     tb = 4 * ACC_PER_COL * nc
-    xd = _F16[load_u16(x, 0)]
-    xdmin = _F16[load_u16(x, 2)]
-    ms = _k4_scales_mins(x, 4)
-    mins = hi_half(ms)
+    xd, xdmin, ms, mins = _k4_head(x, 0)
     l0, h0, l1, h1, l2, h2, l3, h3 = _q4_K_unpack(x, 0)
     for c in range(nc):
         yb = yo + c * ycs
@@ -777,10 +782,7 @@ def _q4_K_row_blocks(n, x, y, yo, ycs, ybs, nc, acc, out):
         store_f32x8(acc, 64 * c + 32, zero)
     for i in range(n // QK_K):
         xb = i * Q4_K_SIZE
-        xd = _F16[load_u16(x, xb)]
-        xdmin = _F16[load_u16(x, xb + 2)]
-        ms = _k4_scales_mins(x, xb + 4)
-        mins = hi_half(ms)
+        xd, xdmin, ms, mins = _k4_head(x, xb)
         l0, h0, l1, h1, l2, h2, l3, h3 = _q4_K_unpack(x, xb)
         for c in range(nc):
             yb = yo + c * ycs + i * ybs
@@ -908,10 +910,7 @@ def dot_cols_q5_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
         store_f32x8(acc, 64 * c + 32, zero)
     for i in range(n // QK_K):
         xb = i * Q5_K_SIZE
-        xd = _F16[load_u16(x, xb)]
-        xdmin = _F16[load_u16(x, xb + 2)]
-        ms = _k4_scales_mins(x, xb + 4)
-        mins = hi_half(ms)
+        xd, xdmin, ms, mins = _k4_head(x, xb)
         l0, h0, l1, h1, l2, h2, l3, h3 = _q5_K_unpack(x, xb)
         for c in range(nc):
             yb = yo + c * ycs + i * ybs
