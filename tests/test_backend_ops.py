@@ -304,7 +304,7 @@ def test_products_of_one_input_quantize_it_once(cpu, n_cols):
     """Quantized products of the same activations one after the other (Q, K, V) quantize them once
     per plan; a node that writes those activations in between (an in-place add) makes the next
     product quantize them again. A single column is quantized by its first product's own call
-    (``_matvec``); the next product runs without quantizing (``_run_fast``). Every result equals
+    (``_matvec``); the next product runs without quantizing (``_rows_chunk``). Every result equals
     its product computed alone."""
     from lazyggml.alloc import alloc_ctx_tensors_from_buft
     from lazyggml.backends.cpu import cpu_buffer_type, matmul

@@ -132,14 +132,20 @@ def parallel_kernel(fn):
     return kernel
 
 
+def pool_step(kernel, nch, *args):
+    """The plan step ``(kernel, args)`` of a ``parallel_kernel`` in ``nch`` chunks: a job of the pool,
+    or the kernel itself on this thread for one chunk."""
+    if nch > 1:
+        return kernel.run, (pool.get_pool().state, nch) + args
+    return kernel, (0, 1) + args
+
+
 def launch(kernel, n_elements, *args):
-    """The plan step ``(kernel, args)`` of a ``parallel_kernel``: all of it on this thread when the
-    work is small or Numba has one thread (read when the plan is made: the CPU backend sets it
-    first), else a pool job of CHUNKS_PER_THREAD chunks a thread."""
+    """``pool_step`` of a row kernel: all of it on this thread when the work is small or Numba has
+    one thread (read when the plan is made: the CPU backend sets it first), else CHUNKS_PER_THREAD
+    chunks a thread."""
     nth = numba.get_num_threads()
-    if n_elements < PARALLEL_MIN_ELEMENTS or nth == 1:
-        return kernel, (0, 1) + args
-    return kernel.run, (pool.get_pool().state, CHUNKS_PER_THREAD * nth) + args
+    return pool_step(kernel, 1 if n_elements < PARALLEL_MIN_ELEMENTS else CHUNKS_PER_THREAD * nth, *args)
 
 
 @_kernel

@@ -61,7 +61,8 @@ from . import dispatch as D
 from . import quant as Q
 from . import pool, simd
 from . import vec_dot as V
-from .common import FLOAT_TYPES, KIND, KIND_F16, KIND_F32, chunk, from_f32, parallel_kernel, to_f32, unravel_row
+from .common import (FLOAT_TYPES, KIND, KIND_F16, KIND_F32, chunk, from_f32, parallel_kernel, pool_step, to_f32,
+                     unravel_row)
 from .traits import TYPE_TRAITS_CPU, types_with
 
 _kernel = njit(cache=True)
@@ -210,14 +211,6 @@ def _tasks_chunk(c, nc, kid, n, w4, yq, rs, bsz, dst, RT, CT, acc, tmp):
         _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc[c], tmp[c])
 
 
-@_kernel
-def _run_fast(kid, n, w4, yq, rs, bsz, dst, RT, CT):
-    acc = np.empty(V.acc_floats(n, CT), np.float32)
-    tmp = np.empty(2 * CT, np.float32)
-    for t in range(_n_tasks(w4, dst, RT, CT)):
-        _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp)
-
-
 # A single activation column (decode) runs on the CPU backend's own thread pool (pool.py), its rows
 # in chunks: a pool job costs ~0.5 µs where an OpenMP region costs ~3, so products of 256 rows
 # gain from two threads too (3.7M model, 2 threads, weights in cache: 768x256 Q4_K 9.4 -> 5.9 µs,
@@ -300,12 +293,6 @@ def _task_float(kind, n, w4, xf, dst, t, RT, CT):
 @parallel_kernel
 def _float_chunk(c, nc, kind, n, w4, xf, dst, RT, CT):
     for t in chunk(_n_tasks(w4, dst, RT, CT), c, nc):
-        _task_float(kind, n, w4, xf, dst, t, RT, CT)
-
-
-@_kernel
-def _run_float(kind, n, w4, xf, dst, RT, CT):
-    for t in range(_n_tasks(w4, dst, RT, CT)):
         _task_float(kind, n, w4, xf, dst, t, RT, CT)
 
 
@@ -415,12 +402,8 @@ def mul_mat_steps(w, wtype, x, dst, nth):
             steps.append((round_acts, (KIND[wtype], x, xf)))
         if w.shape[3] != ne10 or w.strides[3] != w.itemsize:
             raise ValueError(f"mul_mat: weight rows must be {ne10} contiguous elements")
-        kind = KIND[wtype]
-        if parallel:
-            nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth)
-            steps.append((_float_chunk.run, (pool.get_pool().state, nc, kind, ne10, w, xf.reshape(-1), dst, RT, CT)))
-        else:
-            steps.append((_run_float, (kind, ne10, w, xf.reshape(-1), dst, RT, CT)))
+        nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth) if parallel else 1
+        steps.append(pool_step(_float_chunk, nc, KIND[wtype], ne10, w, xf.reshape(-1), dst, RT, CT))
         return steps
 
     if w.dtype != np.uint8 or w.shape[3] != row_size(wtype, ne10) or w.strides[3] != 1:
@@ -442,26 +425,17 @@ def mul_mat_steps(w, wtype, x, dst, nth):
         if scope is not None:
             scope.put("yq", key, (x,))
         return [(_matvec, (int(vt), x, xflat) + rows[:4] + (rs, bsz) + rows[5:])]
-    if parallel:   # pool jobs: the chunks, and each chunk's scratch
-        state = pool.get_pool().state
-        nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth)
-        scratch_rows = (thread_scratch("acc", nc, V.acc_floats(ne10, CT), np.float32),
-                        thread_scratch("tmp", nc, 2 * CT, np.float32))
-        qc = min(nrows_x, PREFILL_CHUNKS_PER_THREAD * nth)
-    if done:
-        steps = []
-    elif parallel:
-        steps = [(_quantize_acts_chunk.run, (state, qc, int(vt), x, xflat, yq, rs, bsz,
-                                             thread_scratch("qtmp", qc, ne10, np.float32),
-                                             thread_scratch("qrow", qc, -(-nrows_x // qc) * rs, np.uint8)))]
-    else:
-        steps = [(_quantize_acts, (int(vt), x, xflat, yq, rs, bsz))]
+    # pool jobs (one chunk: on this thread), each chunk with its row of scratch
+    nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth) if parallel else 1
+    qc = min(nrows_x, PREFILL_CHUNKS_PER_THREAD * nth) if parallel else 1
+    steps = [] if done else [pool_step(_quantize_acts_chunk, qc, int(vt), x, xflat, yq, rs, bsz,
+                                       thread_scratch("qtmp", qc, ne10, np.float32),
+                                       thread_scratch("qrow", qc, -(-nrows_x // qc) * rs, np.uint8))]
     if steps and scope is not None:
         scope.put("yq", key, (x,))
-    if parallel:
-        steps.append((_tasks_chunk.run, (state, nc, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT) + scratch_rows))
-    else:
-        steps.append((_run_fast, (int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT)))
+    steps.append(pool_step(_tasks_chunk, nc, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT,
+                           thread_scratch("acc", nc, V.acc_floats(ne10, CT), np.float32),
+                           thread_scratch("tmp", nc, 2 * CT, np.float32)))
     return steps
 
 

@@ -93,17 +93,6 @@ def _task(kid, kind, n, aq, af, ids, y, yf, rs, n_b, dst, t):
 
 
 @_kernel
-def _run(vtid, x4, xflat, kid, kind, n, aq, af, ids, y, yf, rs, dst):
-    """Quantize the activations (quantized weights), then every task; returns the count of bad ids."""
-    if kind < 0:
-        _quantize_rows(vtid, x4, xflat, y, rs)
-    bad = 0
-    for t in range(dst.shape[1] * dst.shape[2] * -(-dst.shape[3] // RT)):
-        bad += _task(kid, kind, n, aq, af, ids, y, yf, rs, x4.shape[2], dst, t)
-    return bad
-
-
-@_kernel
 def _chunk(c, nc, kid, kind, n, aq, af, ids, y, yf, rs, n_b, dst, bad):
     """Chunk c of nc of the tasks, a contiguous run of them (a pool job's body); its count of bad
     ids in ``bad[c]``."""
@@ -115,9 +104,9 @@ def _chunk(c, nc, kid, kind, n, aq, af, ids, y, yf, rs, n_b, dst, bad):
 
 
 @_kernel
-def _run_pool(vtid, x4, xflat, kid, kind, n, aq, af, ids, y, yf, rs, dst, state, nc, bad):
-    """``_run`` with the tasks in ``nc`` chunks on the CPU backend's pool (``pool.py``); returns the
-    count of bad ids."""
+def _run(vtid, x4, xflat, kid, kind, n, aq, af, ids, y, yf, rs, dst, state, nc, bad):
+    """Quantize the activations (quantized weights), then every task, in ``nc`` chunks on the CPU
+    backend's pool (``pool.py``; one chunk: on this thread); returns the count of bad ids."""
     if kind < 0:
         _quantize_rows(vtid, x4, xflat, y, rs)
     pool.parallel_for(state, _chunk, nc, (kid, kind, n, aq, af, ids, y, yf, rs, x4.shape[2], dst, bad))
@@ -137,12 +126,10 @@ def mul_mat_id_steps(as4, wtype, b, ids, dst, nth):
     if dst.size == 0:
         return []
     parallel = nth > 1 and n_tokens * n_used * m * k >= PARALLEL_MIN_MACS
-    if parallel:   # on the pool (pool.py), as the other products: chunks of consecutive tasks
-        ntasks = n_tokens * n_used * -(-m // RT)
-        nc = min(ntasks, (POOL_CHUNKS_PER_THREAD if n_tokens == 1 else PREFILL_CHUNKS_PER_THREAD) * nth)
-        run, par = _run_pool, (get_pool().state, nc, thread_scratch("bad", nc, 1, np.int64)[:, 0])
-    else:
-        run, par = _run, ()
+    nc = 1   # on the pool (pool.py), as the other products: chunks of consecutive tasks
+    if parallel:
+        nc = min(n_tokens * n_used * -(-m // RT), (POOL_CHUNKS_PER_THREAD if n_tokens == 1 else PREFILL_CHUNKS_PER_THREAD) * nth)
+    par = (get_pool().state, nc, thread_scratch("bad", nc, 1, np.int64)[:, 0])
     what = "mul_mat_id: expert ids"
     if wtype in FLOAT_TYPES:
         kind = KIND[wtype]
@@ -157,7 +144,7 @@ def mul_mat_id_steps(as4, wtype, b, ids, dst, nth):
         xflat = b.reshape(-1) if b.flags.c_contiguous else _NO_F32
         steps = []
         args = (int(vt), b, xflat, int(wtype), -1, k, as4, _NO_F4, ids, yq, _NO_F32, rs, dst)
-    return steps + [(Checked(what, run, args + par, n_expert), ())]
+    return steps + [(Checked(what, _run, args + par, n_expert), ())]
 
 
 # stand-ins for the arrays of the other path (the quantized or the float one): typed, empty
