@@ -57,9 +57,9 @@ from ...ops import Op, flash_attn_params
 from ...types import Type
 from . import common, elementwise, pool, quant, simd
 from .table import forward
-from .common import KIND, KIND_F16, KIND_F32, as_bits, chunk, launch, parallel_kernel, to_f32, from_f32, unravel_row
+from .common import (KIND, KIND_F16, KIND_F32, as_bits, chunk, launch, parallel_kernel, pool_step, to_f32, from_f32,
+                     unravel_row)
 from .elementwise import v_expf
-from .pool import get_pool
 from .simd import (HAVE_AVX512, f16x8_to_f32, fma, hsum_f32x8, lane, load_f32x8, load_i16x8, round_f16x8, splat_f32x8,
                    store_f32x8, vadd, vmax, vmul)
 from .softmax import alibi_slopes
@@ -492,7 +492,7 @@ def flash_attn_forward(node, dst, srcs):
         return [launch(flash_attn_tiled, work, *args, dst)]
     n_items = q_t.ne[1] * q_t.ne[2] * q_t.ne[3] * nchunk
     nch = 1 if work < common.PARALLEL_MIN_ELEMENTS else min(n_items, ROW_CHUNKS_PER_THREAD * nth)
-    steps = [(flash_attn_rows.run, (get_pool().state, nch) + args + (nchunk, parts, stats, dst))]
+    steps = [pool_step(flash_attn_rows, nch, *args, nchunk, parts, stats, dst)]
     if nchunk > 1:
         steps.append((_reduce_chunks, (parts, stats, dst)))
     return steps
