@@ -869,8 +869,7 @@ def _hsum4_cols(builder, rs):
 @intrinsic
 def transpose_pairs(typingctx, u, a0, a1, a2, a3, a4, a5, a6, a7):
     """Eight ``<8 x i16>`` ``a_c`` seen as four pairs of int16 each -> ``<16 x i16>`` whose 32-bit
-    lane c is pair ``u`` (a literal 0..3) of ``a_c``: the transpose of ``_transpose_cols`` on 32-bit
-    elements. The four calls on the same vectors share their shuffles once LLVM has seen them."""
+    lane c is pair ``u`` (a literal 0..3) of ``a_c``: ``_transpose_cols`` on 32-bit elements. The four calls on the same vectors share their shuffles once LLVM has seen them."""
     if not (isinstance(u, types.IntegerLiteral) and all(a == i16x8 for a in (a0, a1, a2, a3, a4, a5, a6, a7))):
         return None
     k = u.literal_value
@@ -885,7 +884,7 @@ def transpose_pairs(typingctx, u, a0, a1, a2, a3, a4, a5, a6, a7):
 @intrinsic
 def bcast_pair(typingctx, a, u):
     """``<16 x i16>`` whose eight 32-bit lanes all hold pair ``u`` (a literal 0..3: lanes 2u and
-    2u + 1) of ``<8 x i16>`` ``a`` (one ``vpshufd`` after a ``vinserti128``)."""
+    2u + 1) of ``<8 x i16>`` ``a``: the mins pair of a sub-block pair, against 8 columns' sums."""
     if not (a == i16x8 and isinstance(u, types.IntegerLiteral)):
         return None
     k = u.literal_value
