@@ -11,9 +11,9 @@ A graph is first turned into a *plan*: each node's forward function (``table.py`
 kernel calls with their arguments already built (views, scratch, constants), and the plan is the
 list of them all. It is kept in the graph's ``GraphPlan`` (``backends.KernelTable.plan``: the reuse
 contract, O(1) while the graph and the placement of tensors are unchanged), made for the backend's
-thread count, and replayed: a decode step then costs one Python call per kernel. After its first
-run, when Numba has compiled every kernel for these arguments, the plan calls the compiled code
-directly (``table.compiled``).
+thread count, and replayed. After its first run, when Numba has compiled every kernel for these
+arguments, the plan's kernel calls are made from native code (``replay.py``): a decode step is
+then one Python call, where a call per kernel cost ~1 µs each in argument conversions alone.
 
 Parallel kernels are jobs of the backend's own thread pool (``pool.py``), a prompt's as a decode
 step's. Each run sets the pool's active workers once, to what ``threads.py`` picks for that graph:
@@ -33,8 +33,8 @@ import numba
 from ...backend import Backend, Device, DeviceType, Registry, host_view
 from ...buffer import BufferType, HostBuffer, Status
 from ...ops import EMPTY_OPS
-from .table import FORWARD, compiled, planning
-from . import pool
+from .table import FORWARD, planning
+from . import pool, replay
 from .threads import ThreadGovernor
 
 FORWARD.load()   # the kernels register themselves; the CPU backend is always there
@@ -94,7 +94,7 @@ class CPUBackend(Backend):
         for kernel, args in plan.steps:
             kernel(*args)
         if not plan.direct:
-            plan.steps = [(compiled(kernel, args), args) for kernel, args in plan.steps]
+            plan.steps = replay.bind(plan.steps)
             plan.direct = True
         return Status.SUCCESS
 

@@ -129,18 +129,13 @@ def check_indices(what, bad, n_rows):
 class Checked:
     """A plan step (called without arguments) that runs a kernel returning how many of its indices
     were out of range (it skips those rows) and raises if any were: indices are data, computed by
-    the graph, so they are checked at every run, not when the plan is made. From its second run on
-    it calls the kernel's compiled entry point (``compiled``), as the backend does for plain steps:
-    through Numba's dispatcher and a function of ours, the nine such steps of a 3.7M-model decode
-    step took ~2.4 µs each."""
+    the graph, so they are checked at every run, not when the plan is made. Once a plan has run,
+    the backend replays such a step from native code with the others (``replay.py``)."""
 
-    __slots__ = ("what", "kernel", "args", "n_rows", "bound")
+    __slots__ = ("what", "kernel", "args", "n_rows")
 
     def __init__(self, what, kernel, args, n_rows):
-        self.what, self.kernel, self.args, self.n_rows, self.bound = what, kernel, args, n_rows, False
+        self.what, self.kernel, self.args, self.n_rows = what, kernel, args, n_rows
 
     def __call__(self):
-        bad = self.kernel(*self.args)
-        if not self.bound:
-            self.kernel, self.bound = compiled(self.kernel, self.args), True
-        check_indices(self.what, bad, self.n_rows)
+        check_indices(self.what, self.kernel(*self.args), self.n_rows)
