@@ -60,11 +60,14 @@ from .table import forward
 from .common import (KIND, KIND_F16, KIND_F32, as_bits, chunk, launch, parallel_kernel, pool_step, to_f32, from_f32,
                      unravel_row)
 from .elementwise import v_expf
-from .simd import (HAVE_AVX512, f16x8_to_f32, fma, hsum_f32x8, lane, load_f32x8, load_i16x8, round_f16x8, splat_f32x8,
+from .simd import (HAVE_AVX512, f16x8_to_f32, fma, hadd_f32x8_cols, hsum_f32x8, lane, load_f32x8, load_i16x8, round_f16x8, splat_f32x8,
                    store_f32x8, vadd, vmax, vmul)
 from .softmax import alibi_slopes
 
 _kernel = njit(cache=True, error_model="numpy")
+# a cell's dot product, inlined into its loop: called, its ~15 arguments went through the stack
+# and its result through memory, which took as long as the products themselves
+_inline = njit(cache=True, error_model="numpy", inline="always")
 
 _F32 = np.float32
 _NEG_INF = -np.float32(np.inf)
@@ -187,22 +190,28 @@ def _accumulate(acc, v, vkind, rows, fac, wts, nb, round16):
                 acc[jj] = _stored(fma(to_f32(v[rows[i] + jj], vkind), wts[i], acc[jj]), kind)
 
 
-@_kernel
-def _dot_lanes8(qh, k, kr, kkind, n):
+@_inline
+def _dot_vec8(qh, k, kr, kkind, n):
     """The first ``n`` (a multiple of 32) products of ``ggml_vec_dot_f16`` / ``_f32`` as built for
-    AVX2: four 8-lane FMA chains over 32-element steps, added pairwise, then hadd'ed; in double."""
+    AVX2, before the final reduction: four 8-lane FMA chains over 32-element steps, added pairwise."""
     a0 = a1 = a2 = a3 = splat_f32x8(0.0)
     for i in range(0, n, 32):
         a0 = fma(load_f32x8(qh, 4 * i), _load8(k, kr + i, kkind), a0)
         a1 = fma(load_f32x8(qh, 4 * i + 32), _load8(k, kr + i + 8, kkind), a1)
         a2 = fma(load_f32x8(qh, 4 * i + 64), _load8(k, kr + i + 16, kkind), a2)
         a3 = fma(load_f32x8(qh, 4 * i + 96), _load8(k, kr + i + 24, kkind), a3)
-    t = vadd(vadd(a0, a2), vadd(a1, a3))
+    return vadd(vadd(a0, a2), vadd(a1, a3))
+
+
+@_inline
+def _dot_lanes8(qh, k, kr, kkind, n):
+    """``_dot_vec8`` reduced as GGML_F32x8_REDUCE does (hadd'ed), in double."""
+    t = _dot_vec8(qh, k, kr, kkind, n)
     return np.float64(((lane(t, 0) + lane(t, 4)) + (lane(t, 1) + lane(t, 5)))
                       + ((lane(t, 2) + lane(t, 6)) + (lane(t, 3) + lane(t, 7))))
 
 
-@_kernel
+@_inline
 def _dot_lanes16(qh, k, kr, kkind, n):
     """The same as built for AVX-512 (16-lane vectors, each as two 8-lane halves here): four chains
     over 64-element steps, added pairwise, then ``_mm512_reduce_add_ps`` (GCC's: the 256-bit halves
@@ -236,6 +245,8 @@ def _row_vec(qh, k, kr0, kst1, kkind, d, v, vr0, vst1, vkind, mr, mkind, has_mas
     wts = np.empty(_BLOCK, np.float32)    # a block's scores, then their weights vs
     fac = np.empty(_BLOCK, np.float32)    # and the factor ms each applies first
     rows = np.empty(_BLOCK, np.int64)     # and the offsets of their V rows
+    kro = np.empty(_BLOCK, np.int64)      # and of their K rows
+    mvs = np.empty(_BLOCK, np.float32)    # and their slope * mask
     cell = c0
     while cell < c1:
         nb = 0
@@ -247,19 +258,30 @@ def _row_vec(qh, k, kr0, kst1, kkind, d, v, vr0, vst1, vkind, mr, mkind, has_mas
                 mv = slope * to_f32(mr[ic], mkind)
                 if mv == _NEG_INF:
                     continue
-            kr = kr0 + ic * kst1
-            if HAVE_AVX512:
-                sd = _dot_lanes16(qh, k, kr, kkind, dstep)
-            else:
-                sd = _dot_lanes8(qh, k, kr, kkind, dstep)
-            for i in range(dstep, d):   # the last products in double
-                sd += np.float64(qh[i] * to_f32(k[kr + i], kkind))
-            s = np.float32(sd) * scale32
+            kro[nb], rows[nb], mvs[nb] = kr0 + ic * kst1, vr0 + ic * vst1, mv
+            nb += 1
+        if nb == _BLOCK and dstep == d and not HAVE_AVX512:
+            # a full block's eight sums in one transposed reduction: the same additions, so the same
+            # bits, where a cell's own reduction was a chain of ~8 dependent instructions
+            store_f32x8(wts, 0, hadd_f32x8_cols(
+                _dot_vec8(qh, k, kro[0], kkind, d), _dot_vec8(qh, k, kro[1], kkind, d),
+                _dot_vec8(qh, k, kro[2], kkind, d), _dot_vec8(qh, k, kro[3], kkind, d),
+                _dot_vec8(qh, k, kro[4], kkind, d), _dot_vec8(qh, k, kro[5], kkind, d),
+                _dot_vec8(qh, k, kro[6], kkind, d), _dot_vec8(qh, k, kro[7], kkind, d)))
+        else:
+            for i in range(nb):
+                if HAVE_AVX512:
+                    sd = _dot_lanes16(qh, k, kro[i], kkind, dstep)
+                else:
+                    sd = _dot_lanes8(qh, k, kro[i], kkind, dstep)
+                for j in range(dstep, d):   # the last products in double
+                    sd += np.float64(qh[j] * to_f32(k[kro[i] + j], kkind))
+                wts[i] = np.float32(sd)
+        for i in range(nb):
+            s = wts[i] * scale32
             if softcap32 != 0:
                 s = softcap32 * np.float32(math.tanh(s))
-            wts[nb] = s + mv
-            rows[nb] = vr0 + ic * vst1
-            nb += 1
+            wts[i] = s + mvs[i]
         for i in range(nb):
             s = wts[i]
             if s > big:   # a new maximum: what is summed so far is scaled by ms = exp(M_old - s)

@@ -833,12 +833,15 @@ def hsum_f32x8(typingctx, a):
         return None
 
     def codegen(context, builder, sig, args):
-        v = args[0]
-        r = builder.fadd(builder.shuffle_vector(v, v, _const_mask([0, 1, 2, 3])),
-                         builder.shuffle_vector(v, v, _const_mask([4, 5, 6, 7])))
-        return _hsum4(builder, r)
+        return _hsum4(builder, _halves_added(builder, args[0]))
 
     return types.float32(a), codegen
+
+
+def _halves_added(builder, v):
+    """The low four lanes of ``<8 x float>`` ``v`` plus its high four (GGML's first reduction step)."""
+    return builder.fadd(builder.shuffle_vector(v, v, _const_mask([0, 1, 2, 3])),
+                        builder.shuffle_vector(v, v, _const_mask([4, 5, 6, 7])))
 
 
 def _hsum4(builder, r):
@@ -904,9 +907,23 @@ def hsum_f32x8_cols(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
         return None
 
     def codegen(context, builder, sig, args):
-        rs = [builder.fadd(builder.shuffle_vector(v, v, _const_mask([0, 1, 2, 3])),
-                           builder.shuffle_vector(v, v, _const_mask([4, 5, 6, 7]))) for v in args]
+        rs = [_halves_added(builder, v) for v in args]
         return _hsum4_cols(builder, rs)
+
+    return f32x8(a0, a1, a2, a3, a4, a5, a6, a7), codegen
+
+
+@intrinsic
+def hadd_f32x8_cols(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
+    """Eight vectors' sums at once in the order of GGML's ``GGML_F32x8_REDUCE`` (``_mm_hadd_ps``
+    twice): lane c is ``(r0 + r1) + (r2 + r3)`` with ``r = lo4(a_c) + hi4(a_c)``."""
+    if any(a != f32x8 for a in (a0, a1, a2, a3, a4, a5, a6, a7)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        rs = [_halves_added(builder, v) for v in args]
+        T0, T1, T2, T3 = _transpose_cols(builder, rs)
+        return builder.fadd(builder.fadd(T0, T1), builder.fadd(T2, T3))
 
     return f32x8(a0, a1, a2, a3, a4, a5, a6, a7), codegen
 
