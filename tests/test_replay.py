@@ -1,6 +1,7 @@
 """The CPU plan's native replay (backends/cpu/replay.py): a run of kernel calls made from native code
 must do exactly what the same calls from Python do, in order, with their errors."""
 import gc
+import warnings
 
 import numpy as np
 import pytest
@@ -135,4 +136,23 @@ def test_replay_off_calls_each_kernel_from_python(monkeypatch):
     bound = _bound([(_double, (x,)), (_double, (x,))])
     assert len(bound) == 2 and not any(isinstance(k, replay._Run) for k, _ in bound)
     _run(bound)
+    np.testing.assert_array_equal(x, 16.0)
+
+
+@njit
+def _sum_list(xs, out):
+    out[0] = 0.0
+    for x in xs:
+        out[0] += x
+
+
+def test_replay_leaves_steps_with_python_objects_to_python():
+    """A list argument's native form refers to its Python object: such a step stays a Python call."""
+    out, x = np.zeros(1), np.ones(3)
+    with warnings.catch_warnings():   # Numba's reflected-list deprecation
+        warnings.simplefilter("ignore")
+        bound = _bound([(_double, (x,)), (_sum_list, ([1.0, 2.5], out)), (_double, (x,))])
+    assert len(bound) == 3 and isinstance(bound[0][0], replay._Run) and not isinstance(bound[1][0], replay._Run)
+    _run(bound)
+    assert out[0] == 3.5
     np.testing.assert_array_equal(x, 16.0)

@@ -207,7 +207,7 @@ def _function(kernel, args):
     cres = kernel.overloads.get(key)
     if cres is None and star:
         cres = kernel.overloads.get(key[:-1] + (types.BaseTuple.from_types(tuple(key[-1])),))
-    if cres is None or cres.objectmode or any(isinstance(t, types.Omitted) for t in key):
+    if cres is None or cres.objectmode or not all(_storable(t) for t in key):
         return None
     ret = cres.signature.return_type
     if ret != types.none and not isinstance(ret, types.Integer):
@@ -216,6 +216,14 @@ def _function(kernel, args):
     if not addr:
         return None
     return addr, len(key) - 1 if star else -1, None if ret == types.none else np.dtype(ret.name).type(0)
+
+
+def _storable(t):
+    """Whether a value of Numba type ``t`` can sit in the area as plain data: arrays, numbers,
+    booleans, None and tuples of them (not a list, say, whose native form refers to a Python object)."""
+    if isinstance(t, types.BaseTuple):
+        return all(_storable(u) for u in t)
+    return isinstance(t, (types.Array, types.Number, types.Boolean, types.NoneType))
 
 
 def bind(steps):
