@@ -237,8 +237,8 @@ def _row_vec(qh, k, kr0, kst1, kkind, d, v, vr0, vst1, vkind, mr, mkind, has_mas
              softcap32, c0, c1, acc):
     """The row-by-row path for one query row (``qh``: q in K's vec_dot_type) over cells c0..c1: adds
     the weighted V rows into ``acc`` (zeroed by the caller) and returns (M, S), not yet divided.
-    Cells go by blocks of ``_BLOCK`` that are not masked: their dot products first (independent),
-    then the online softmax cell by cell, then their V rows, cell by cell (``_accumulate``): the
+    Cells go by blocks of ``_BLOCK`` that are not masked: their dot products first (independent;
+    a full block's final reductions done together), then the online softmax cell by cell, then their V rows, cell by cell (``_accumulate``): the
     same operations in the same order as GGML's cell-at-a-time loop."""
     dstep = d - d % (64 if HAVE_AVX512 else 32)   # what the dot product's vector steps cover
     big, total = _NEG_INF, np.float32(0.0)
