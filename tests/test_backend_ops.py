@@ -326,13 +326,17 @@ def test_products_of_one_input_quantize_it_once(cpu, n_cols):
     for t, v in [(x, xv), (b, bv)] + list(zip(w, ws)):
         tensor_set(t, v)
     cpu.graph_compute(g)
-    names = [getattr(k, "__name__", "") for k, _ in cpu._plan(g, cpu.n_threads).steps]
+    names = [getattr(k, "__name__", "") for k, _ in cpu._plan(g, cpu.n_threads).calls]
     quantizing = ("_matvec",) if n_cols == 1 else ("_quantize_acts",)
     assert len([n for n in names if n.startswith(quantizing)]) == 2, names
-    for y, wv, xin in [(y0, ws[0], xv), (y1, ws[1], xv), (y2, ws[2], xv + bv), (y3, ws[3], xv + bv)]:
-        alone = matmul.mul_mat(wv.reshape(1, 1, 8, -1), Q4_K, xin.reshape(1, 1, n_cols, 256),
-                               np.empty((1, 1, n_cols, 8), np.float32))
-        assert np.array_equal(tensor_get(y).reshape(n_cols, 8), alone.reshape(n_cols, 8))
+    for run in range(2):   # the plan's first run from Python, then replayed (backends/cpu/replay.py)
+        for y, wv, xin in [(y0, ws[0], xv), (y1, ws[1], xv), (y2, ws[2], xv + bv), (y3, ws[3], xv + bv)]:
+            alone = matmul.mul_mat(wv.reshape(1, 1, 8, -1), Q4_K, xin.reshape(1, 1, n_cols, 256),
+                                   np.empty((1, 1, n_cols, 8), np.float32))
+            assert np.array_equal(tensor_get(y).reshape(n_cols, 8), alone.reshape(n_cols, 8))
+        xv = rng.uniform(-1, 1, (n_cols, 256)).astype(np.float32)
+        tensor_set(x, xv)
+        cpu.graph_compute(g)
 
 
 def test_ropes_of_one_position_tensor_share_their_cache(cpu):
@@ -355,7 +359,7 @@ def test_ropes_of_one_position_tensor_share_their_cache(cpu):
     for t, v in ((q, qv), (k, kv), (pos, pv)):
         tensor_set(t, v)
     cpu.graph_compute(g)
-    caches = [f for f, _ in cpu._plan(g, cpu.n_threads).steps if getattr(f, "__name__", "") == "rope_cache"]
+    caches = [f for f, _ in cpu._plan(g, cpu.n_threads).calls if getattr(f, "__name__", "") == "rope_cache"]
     assert len(caches) == 2
     for o, (x, n_dims, mode) in zip(outs, [(qv, 64, 0), (kv, 64, 0), (qv, 32, 2)]):
         alone = compute(cpu, lambda a, p: lg.rope(a, p, n_dims, mode), x, pv)

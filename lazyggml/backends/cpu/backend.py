@@ -117,12 +117,13 @@ class CPUBackend(Backend):
 
 
 class _Plan:
-    """A graph's kernel calls, and whether they already call compiled code directly."""
+    """A graph's kernel calls as its forwards made them (``calls``), what a run calls (``steps``:
+    the same until the first run ends, then ``replay.bind``'s), and whether they are bound."""
 
-    __slots__ = ("steps", "direct")
+    __slots__ = ("calls", "steps", "direct")
 
     def __init__(self, steps):
-        self.steps, self.direct = steps, False
+        self.calls, self.steps, self.direct = steps, steps, False
 
 
 def set_n_threads(backend, n):
