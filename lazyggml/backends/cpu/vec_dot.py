@@ -689,6 +689,16 @@ def acc_floats(n, nc):
     return ACC_PER_COL * nc + (n // QK_K) * (nc // 8) * (K4_TABLE_BYTES // 4)
 
 
+@njit(inline="always")
+def _zero_cols(acc, nc, nvec):
+    """Zero the first ``nvec`` 8-float lane vectors of each of nc columns' accumulators in ``acc``
+    (``dot_cols_*``'s layout: 16 floats, 64 bytes, a column)."""
+    zero = splat_f32x8(0.0)
+    for c in range(nc):
+        for v in range(nvec):
+            store_f32x8(acc, 64 * c + 32 * v, zero)
+
+
 @_fast
 def _k4_min_table(n, y, yo, ycs, ybs, nc, acc):
     """The min table of nc columns (whole groups of 8) at byte 4·ACC_PER_COL·nc of acc: per super-block
@@ -774,12 +784,9 @@ def _q4_K_row_one_block(x, y, yo, ycs, nc, acc, out):
 @_fast
 def _q4_K_row_blocks(n, x, y, yo, ycs, ybs, nc, acc, out):
     """A row of any number of super-blocks."""
-    zero = splat_f32x8(0.0)
     full = nc - nc % 8                   # columns in whole groups: the table's
     tb = 4 * ACC_PER_COL * nc
-    for c in range(nc):
-        store_f32x8(acc, 64 * c, zero)
-        store_f32x8(acc, 64 * c + 32, zero)
+    _zero_cols(acc, nc, 2)
     for i in range(n // QK_K):
         xb = i * Q4_K_SIZE
         xd, xdmin, ms, mins = _k4_head(x, xb)
@@ -904,10 +911,7 @@ def vec_dot_q5_K_q8_K(n, x, y):
 @_fast
 def dot_cols_q5_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
     """dot_q5_K_q8_K with nc columns; acc[16c+8] holds column c's scalar min term."""
-    zero = splat_f32x8(0.0)
-    for c in range(nc):
-        store_f32x8(acc, 64 * c, zero)
-        store_f32x8(acc, 64 * c + 32, zero)
+    _zero_cols(acc, nc, 2)
     for i in range(n // QK_K):
         xb = i * Q5_K_SIZE
         xd, xdmin, ms, mins = _k4_head(x, xb)
@@ -1006,9 +1010,7 @@ def vec_dot_q6_K_q8_K(n, x, y):
 
 @_fast
 def dot_cols_q6_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
-    zero = splat_f32x8(0.0)
-    for c in range(nc):
-        store_f32x8(acc, 64 * c, zero)
+    _zero_cols(acc, nc, 1)
     for i in range(n // QK_K):
         xb = i * Q6_K_SIZE
         xd = _F16[load_u16(x, xb + 208)]
@@ -1168,9 +1170,7 @@ def _q8_0_cols_1(x, xb, y, yb0, ycs, nc, acc, q4):
 
 @njit(inline="always")
 def _q8_0_cols(n, x, y, yo, ycs, ybs, nc, acc, out, xbs, q4):
-    zero = splat_f32x8(0.0)
-    for c in range(nc):
-        store_f32x8(acc, 64 * c, zero)
+    _zero_cols(acc, nc, 1)
     nb = n // 32
     nb4 = nb - nb % 4
     for i in range(0, nb4, 4):
