@@ -667,6 +667,26 @@ def test_flash_attn_ext_parity_with_libggml(d, n_kv, n_q, n_head, n_head_kv, ne3
     assert nmse(a, b) < limit, f"NMSE {nmse(a, b):.2e} vs libggml (seed {SEED})"
 
 
+def test_flash_attn_decode_block_sums_are_ggml_reduce_order():
+    """The row-by-row path reduces 8 cells' dot-product lanes at once (simd.hadd_f32x8_cols): lane c
+    must be GGML_F32x8_REDUCE's ``(r0 + r1) + (r2 + r3)`` with ``r = lo4 + hi4`` of vector c, in
+    float32, bit for bit (the per-cell reduction it replaces)."""
+    from numba import njit
+    from lazyggml.backends.cpu import simd
+
+    @njit
+    def sums(a, out):
+        v = [simd.load_f32x8(a, 32 * c) for c in range(8)]
+        simd.store_f32x8(out, 0, simd.hadd_f32x8_cols(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]))
+
+    rng = np.random.default_rng(SEED)
+    a = (rng.standard_normal((8, 8)) * 10.0 ** rng.integers(-6, 7, (8, 8))).astype(np.float32)
+    out = np.full(8, np.nan, np.float32)
+    sums(a.reshape(-1), out)
+    r = a[:, :4] + a[:, 4:]
+    np.testing.assert_array_equal(out, (r[:, 0] + r[:, 1]) + (r[:, 2] + r[:, 3]))
+
+
 def test_flash_attn_ext_op_params_and_precision(cpu):
     """op_params are GGML's: scale, max_bias, logit_softcap (the caller's scale, not divided by the
     soft cap), then the precision, which ``flash_attn_ext_set_prec`` rewrites (GGML_PREC_F32 = 10)."""
