@@ -675,9 +675,10 @@ def test_flash_attn_decode_block_sums_are_ggml_reduce_order():
     from lazyggml.backends.cpu import simd
 
     @njit
-    def sums(a, out):
-        v = [simd.load_f32x8(a, 32 * c) for c in range(8)]
-        simd.store_f32x8(out, 0, simd.hadd_f32x8_cols(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]))
+    def sums(a, out):   # vectors as plain values (a list of them would be stored under-aligned)
+        L = simd.load_f32x8
+        simd.store_f32x8(out, 0, simd.hadd_f32x8_cols(L(a, 0), L(a, 32), L(a, 64), L(a, 96), L(a, 128), L(a, 160),
+                                                      L(a, 192), L(a, 224)))
 
     rng = np.random.default_rng(SEED)
     a = (rng.standard_normal((8, 8)) * 10.0 ** rng.integers(-6, 7, (8, 8))).astype(np.float32)
