@@ -39,8 +39,9 @@ only hits; callees are inside their callers' machine code and are not loaded at 
 OpenCL kernels are compiled by the driver: once per program and, with PoCL, again per kernel and
 work-group size at the first launch. The program counts a hit when its binary was in lazyggml's
 cache (``backends/opencl/backend.py``), a miss when it was built from source. Each kernel's first
-launch is timed, and counted as a miss when the driver's cache (``POCL_CACHE_DIR``) gained a file,
-or, for other drivers, when it took longer than ``OPENCL_MISS_S``.
+launch per work-group size (per global size where the driver picks the work-group size) is timed,
+its arguments passed on unchanged, and counted as a miss when the driver's cache
+(``POCL_CACHE_DIR``) gained a file, or, for other drivers, when it took longer than ``OPENCL_MISS_S``.
 
 ``--check``
 -----------
@@ -88,7 +89,7 @@ from .registry import dev_count, dev_get
 from .types import as_type, type_name
 
 OPENCL_MISS_S = 0.1   # without a driver cache to look at: a first launch this slow compiled
-_OPENCL_LAUNCHED = set()   # (device, kernel, work-group size) launched in this process
+_OPENCL_LAUNCHED = set()   # (device, kernel, work-group or global size) launched in this process
 
 WEIGHT_TYPES = op_cases.WEIGHT_TYPES   # the types mul_mat, get_rows, set_rows and cpy take
 ALL_TYPES = cpu_convert.SUPPORTED_TYPES   # every type the CPU quantizes, F32 first
@@ -220,7 +221,8 @@ class Recorder:
 
     def _wrap_opencl(self):
         """Patches timing each OpenCL device's program build (its first ``kernels()`` call) and each
-        kernel's first launch per device and work-group size."""
+        kernel's first launch per device and work-group size (or global size, when the driver picks
+        the work-group size: ``lsize`` None)."""
         from .backends.opencl import OpenCLBackend, OpenCLDevice
         rec, seen = self, _OPENCL_LAUNCHED
         orig_kernels, orig_launch = OpenCLDevice.kernels, OpenCLBackend.launch
@@ -235,7 +237,10 @@ class Recorder:
             return result
 
         def launch(backend, name, gsize, lsize, *args):
-            key = (backend.device.name, name, tuple(lsize))
+            # lsize None (mul_mat's naive kernels) leaves the work-group size to the driver, which
+            # picks it by the global size
+            size = f"local size {tuple(lsize)}" if lsize is not None else f"global size {tuple(gsize)}"
+            key = (backend.device.name, name, size)
             if key in seen:
                 return orig_launch(backend, name, gsize, lsize, *args)
             seen.add(key)
@@ -245,7 +250,7 @@ class Recorder:
             backend.queue.finish()
             dt = time.perf_counter() - t0
             miss = _pocl_files() > n0 if backend.device.pocl else dt > OPENCL_MISS_S
-            rec.kernels.append(Kernel(backend.device.name, name, f"(local size {tuple(lsize)})",
+            rec.kernels.append(Kernel(backend.device.name, name, f"({size})",
                                       "miss" if miss else "hit", dt))
             return result
         return [(OpenCLDevice, "kernels", orig_kernels, kernels), (OpenCLBackend, "launch", orig_launch, launch)]

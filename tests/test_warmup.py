@@ -3,7 +3,10 @@
 Everything that touches the cache runs in a fresh process with its own cache directory: a kernel
 already in a process's memory is neither loaded nor compiled, and the user's cache must not be
 touched. The warm-up tests run a few cheap cases (``--cases``) of a read-only copy of the package,
-so they compile cold whatever the state of the repository's own cache.
+so they compile cold whatever the state of the repository's own cache. One test is the exception: it
+runs two cases in this process, through ``warmup.run_cases`` as the command does, to see that they
+run as the backend tests run them; it counts no hits or misses, and uses this session's cache as
+``test_opencl.py`` does.
 """
 from __future__ import annotations
 
@@ -168,6 +171,21 @@ def test_check_writes_nothing(tmp_path):
     if "OpenCL0" in r.stdout:
         assert re.search(r"^  would compile +0\.000 s +OpenCL0 +program$", r.stdout, re.M), r.stdout
     assert not cache.exists(), sorted(cache.rglob("*"))
+
+
+# -- each case as the tests run it -----------------------------------------------------------------------
+def test_opencl_launch_left_to_the_driver_runs_as_in_the_tests(monkeypatch):
+    """The recorder only watches a case's OpenCL launches: mul_mat's naive kernels, launched with the
+    work-group size left to the driver (``lsize`` None), failed inside warm-up with a TypeError while
+    ``op_cases.run_case`` passed (issue 41); their first launch is reported per global size."""
+    if lazyggml.dev_by_name("OpenCL0") is None:
+        pytest.skip("no OpenCL device")
+    monkeypatch.setattr(warmup, "_OPENCL_LAUNCHED", set())   # every first launch of this process, reported
+    names = [c.name for c in warmup.select_cases(None, ["mul_mat(f16, k=*, 70 columns*"])]
+    outcomes = warmup.run_cases(["OpenCL0"], names)
+    assert len(names) == 2 and [(o.case, o.ran, o.error) for o in outcomes] == [(n, True, "") for n in names]
+    assert any(k.name == "kernel_mul_mat_f16_f32_naive" and k.signature == "(global size (20, 70, 4))"
+               for k in outcomes[0].kernels), outcomes[0].kernels
 
 
 # -- a damaged, read-only or shared cache --------------------------------------------------------------
