@@ -1,6 +1,13 @@
 """The command line: the lines scripts read (the output README documents) and clear errors."""
 import argparse
+import os
 import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +178,83 @@ def test_a_first_run_says_kernels_compile_and_leaves_compile_time_out_of_the_spe
     assert main(["demo", "-n", "4", "--seed", "1"]) == 0
     out, err = capsys.readouterr()
     assert "compiling" not in err and "compiling" not in out
+
+
+# -- Ctrl-C at any moment: the console script in a child process --------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _console_script(before_main=""):
+    """argv of the ``lazyggml`` command as pip installs it: pyproject.toml's entry point, called as
+    pip's wrapper script calls it, on this checkout (the child's working directory); the Python
+    statements ``before_main`` run between the import and the call. SIGINT first gets the handler
+    Python's start-up gives it, which it leaves out where SIGINT is ignored (in a background job)."""
+    tomllib = pytest.importorskip("tomllib")
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        module, func = tomllib.load(f)["project"]["scripts"]["lazyggml"].split(":")
+    return [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                                  f"from {module} import {func}; {before_main}sys.exit({func}())"]
+
+
+def _mapped(pid, name):
+    """Whether the process has loaded a shared library whose path contains ``name``."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return name in f.read()
+    except OSError:   # it has just ended: the caller sees that
+        return False
+
+
+def _interrupted(argv, moment, timeout=300):
+    """Run ``argv``, send SIGINT once ``moment(pid, stdout so far)`` holds; (status, stdout, stderr)."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out, err = [], []
+    readers = [threading.Thread(target=lst.extend, args=(pipe,), daemon=True)
+               for lst, pipe in ((out, proc.stdout), (err, proc.stderr))]
+    for r in readers:
+        r.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not moment(proc.pid, "".join(out)):
+            assert proc.poll() is None, f"ended ({proc.returncode}) before the moment:\n{''.join(err)[-3000:]}"
+            assert time.monotonic() < deadline, f"no moment within {timeout} s"
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    for r in readers:
+        r.join(timeout=10)
+    return proc.returncode, "".join(out), "".join(err)
+
+
+@pytest.fixture(scope="module")
+def demo_warm():
+    """The demo run to its end once (its kernels in the cache), so that a later run says nothing
+    on stderr but what the interruption does."""
+    r = subprocess.run(_console_script() + ["demo", "-n", "1"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+# in the imports (NumPy's, Numba's), while generating, and after main returned: there an exit
+# callback registered after the entry point's, as a module's would be, holds the process
+MOMENTS = {
+    "importing NumPy": lambda pid, out: _mapped(pid, "_multiarray_umath"),
+    "importing Numba": lambda pid, out: _mapped(pid, "llvmlite"),
+    "generating": lambda pid, out: "\nlayers: " in out,
+    "exiting": lambda pid, out: "exiting" in out,
+}
+HOLD_AT_EXIT = "import atexit, time; atexit.register(time.sleep, 60); atexit.register(print, 'exiting'); "
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="watches the child's libraries in /proc")
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(demo_warm, moment):
+    argv = _console_script(HOLD_AT_EXIT if moment == "exiting" else "")
+    status, out, err = _interrupted(argv + ["demo", "-n", "200", "--temp", "0"], MOMENTS[moment])
+    assert status == 130 and err.splitlines() == ["lazyggml: interrupted"], (status, err[-3000:])
+    if moment == "exiting":   # what was printed before is kept
+        assert "\ndecode: " in out
