@@ -17,12 +17,13 @@ import itertools
 
 import numpy as np
 
+from .buffer import HostBuffer
 from .errors import AllocationError, ShapeError, TensorTypeError
 from .types import blck_size, is_quantized, np_dtype, type_name
 
 __all__ = ["DeviceType", "Device", "Backend", "Registry", "backend_graph_compute", "tensor_set",
            "tensor_get", "tensor_get_bytes", "tensor_memset", "tensor_set_async", "tensor_copy",
-           "tensor_copy_async", "host_layout", "host_view", "event_new", "event_synchronize"]
+           "tensor_copy_async", "host_layout", "host_view", "host_bytes", "event_new", "event_synchronize"]
 
 
 
@@ -256,7 +257,8 @@ def host_layout(t):
 
 
 def host_view(t):
-    """A NumPy view (no copy) of a tensor in a host buffer, laid out as ``host_layout``.
+    """A NumPy view (no copy) of a tensor in a host buffer, laid out as ``host_layout``: how the CPU
+    computes on host memory in place, which must be a ``HostBuffer``'s (its ``.data``).
 
     Backends ask for the same views at every compute of a graph, and making one costs ~2 µs, so
     the last view is kept on the tensor, valid while the tensor stays at the same offset of the same
@@ -267,6 +269,9 @@ def host_view(t):
     cached = t.host_view_cache
     if cached is not None and cached[0] is buf.data and cached[1] == t.offset:
         return cached[2]
+    if not isinstance(buf, HostBuffer):
+        raise AllocationError(f"host_view: {t.label} is in a {type(buf).__name__} of type {buf.buft.name}, which "
+                              f"says is_host but is no HostBuffer: the CPU computes only on a HostBuffer's memory")
     shape, strides, dtype = host_layout(t)
     view = np.zeros(shape, dtype) if 0 in shape else np.ndarray(shape, dtype, buf.data, t.offset, strides)
     t.host_view_cache = (buf.data, t.offset, view)
@@ -299,8 +304,22 @@ def _same_layout(a, b):
     return a.type == b.type and a.ne == b.ne and a.nb == b.nb
 
 
+def host_bytes(t, offset, size):
+    """``size`` bytes at ``offset`` inside ``t``, which is in a host buffer, as a ``uint8`` array: a
+    view of a ``HostBuffer``'s memory (no copy), else a copy through the buffer's ``get_tensor``."""
+    buf = t.data_buffer()
+    if isinstance(buf, HostBuffer):
+        start = t.offset + offset
+        return buf.data[start:start + size]
+    return buf.get_tensor(t, offset, size)
+
+
 def tensor_copy(src, dst):
-    """GGML's ``ggml_backend_tensor_copy``: through host memory where one side is host."""
+    """GGML's ``ggml_backend_tensor_copy``: through host memory where one side is host.
+
+    GGML reads and writes a host buffer's memory in place; here only a ``HostBuffer``'s is (its
+    ``.data``): any other ``Buffer`` whose type says ``is_host`` is copied through its own
+    ``get_tensor`` and ``set_tensor``, as a device buffer is."""
     if not _same_layout(src, dst):
         raise ShapeError(f"tensor_copy: layouts differ: {src.label} {type_name(src.type)}{list(src.ne)} "
                          f"vs {dst.label} {type_name(dst.type)}{list(dst.ne)}")
@@ -309,11 +328,9 @@ def tensor_copy(src, dst):
     sbuf, dbuf = src.data_buffer(), dst.data_buffer()
     n = src.nbytes()
     if sbuf.is_host():
-        dbuf.set_tensor(dst, sbuf.data[src.offset:src.offset + n], 0, n)
-    elif dbuf.is_host():
-        dbuf.data[dst.offset:dst.offset + n] = sbuf.get_tensor(src, 0, n)
-    elif not dbuf.cpy_tensor(src, dst):
-        dbuf.set_tensor(dst, sbuf.get_tensor(src, 0, n), 0, n)  # the slow copy, staged on the host
+        dbuf.set_tensor(dst, host_bytes(src, 0, n), 0, n)
+    elif dbuf.is_host() or not dbuf.cpy_tensor(src, dst):
+        dbuf.set_tensor(dst, sbuf.get_tensor(src, 0, n), 0, n)  # staged on the host
 
 
 def tensor_copy_async(backend_src, backend_dst, src, dst):

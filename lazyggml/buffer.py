@@ -90,7 +90,12 @@ class BufferType:
         return t.nbytes()
 
     def is_host(self):
-        """Whether the CPU may read and write this type's memory directly."""
+        """Whether the CPU may read and write this type's memory directly (GGML's host buffer type).
+
+        The CPU computes in place only on a ``HostBuffer``'s memory (its ``.data``), and copies read
+        and write that memory directly. A host type whose buffers are another ``Buffer`` holds its
+        bytes its own way: copies (``tensor_copy``, the scheduler's) go through its ``get_tensor``
+        and ``set_tensor``, and the CPU refuses to compute on it in place (``host_view``)."""
         return self._host
 
     def alloc_buffer(self, size):
@@ -143,7 +148,8 @@ class Buffer:
         self._usage = BufferUsage(u)
 
     def is_host(self):
-        """Whether the CPU may read and write this buffer's memory directly (its type's ``is_host``)."""
+        """Whether the CPU may read and write this buffer's memory directly: its type's ``is_host``
+        (see there for a host buffer that is not a ``HostBuffer``)."""
         return self.buft.is_host()
 
     def get_base(self):

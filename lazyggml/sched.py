@@ -62,7 +62,8 @@ from . import debug
 from .alloc import Gallocr
 from .buffer import BufferUsage, Status
 from .errors import UnsupportedOpError
-from .backend import DeviceType, event_new, event_synchronize, tensor_copy, tensor_get, tensor_set_async
+from .backend import (DeviceType, event_new, event_synchronize, host_bytes, tensor_copy, tensor_get,
+                      tensor_set_async)
 from .graph import Graph
 from .ops import Op, is_view_op, node_desc, op_desc
 from .tensor import FLAG_COMPUTE, FLAG_INPUT, Context, set_input, set_output
@@ -657,11 +658,11 @@ class Scheduler:
                     # contents, and has the bytes once it returns: neither side waits
                     inp_backend.synchronize()
                     for off, n in experts or [(0, inp.nbytes())]:
-                        backend.set_tensor_async(cpy, sbuf.data[inp.offset + off:inp.offset + off + n], off, n)
+                        backend.set_tensor_async(cpy, host_bytes(inp, off, n), off, n)
                 elif experts is not None:
                     self._slot_free(backend, event)
                     for off, n in experts:
-                        tensor_set_async(backend, cpy, sbuf.data[inp.offset + off:inp.offset + off + n], off, n)
+                        tensor_set_async(backend, cpy, host_bytes(inp, off, n), off, n)
                 elif inp.flags & FLAG_INPUT:
                     # user data: copy now, before the user can overwrite it
                     self._host_wait(sid)

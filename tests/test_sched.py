@@ -17,7 +17,7 @@ import pytest
 import lazyggml as lg
 from lazyggml.alloc import alloc_ctx_tensors_from_buft
 from lazyggml.backend import Backend, Device, DeviceType
-from lazyggml.buffer import BufferType, BufferUsage, Status
+from lazyggml.buffer import Buffer, BufferType, BufferUsage, Status
 from lazyggml.backends.cpu import cpu_device
 from lazyggml.ops import Op
 from lazyggml.sched import Scheduler, fmt_size
@@ -933,3 +933,90 @@ def test_parallel_never_returns_stale_data():
         slots.add(s.cur_copy)
         np.testing.assert_allclose(out, h, rtol=1e-4, atol=1e-4, err_msg=f"compute #{i}")
     assert slots == {0, 1, 2, 3}
+
+
+# -- a host buffer that is not a HostBuffer ----------------------------------------------------------------------
+class BytesBuffer(Buffer):
+    """Host memory kept its own way, in a ``bytearray`` (no ``.data``): its type says ``is_host``, but
+    only its own ``get_tensor`` and ``set_tensor`` reach it."""
+
+    def __init__(self, buft, size):
+        super().__init__(buft, size)
+        self.mem = bytearray(size)
+
+    def set_tensor(self, t, data, offset, size):
+        start = t.offset + offset
+        self.mem[start:start + size] = data[:size].tobytes()
+
+    def get_tensor(self, t, offset, size):
+        return np.frombuffer(self.mem, np.uint8, size, t.offset + offset).copy()
+
+
+class BytesBufferType(BufferType):
+    def __init__(self):
+        super().__init__("BYTES", alignment=32, host=True)
+
+    def alloc_buffer(self, size):
+        return BytesBuffer(self, size)
+
+
+def _tensors_in(buft, *names, ne=(64, 4)):
+    ctx = lg.Context()
+    ts = [named(ctx.new_tensor(lg.F32, ne), n) for n in names]
+    alloc_ctx_tensors_from_buft(ctx, buft)
+    return ts
+
+
+def test_tensor_copy_reaches_a_host_buffer_that_is_no_host_buffer_through_its_get_and_set():
+    """A round trip BYTES -> CPU (a HostBuffer) -> BYTES -> a device's memory -> BYTES keeps the bytes."""
+    x = RNG.standard_normal((4, 64), dtype=np.float32)
+    a, c, e = _tensors_in(BytesBufferType(), "a", "c", "e")
+    b, = _tensors_in(cpu_device().get_buffer_type(), "b")
+    d, = _tensors_in(StandInDevice("DEV").get_buffer_type(), "d")
+    lg.tensor_set(a, x)
+    for src, dst in ((a, b), (b, c), (c, d), (d, e)):
+        lg.tensor_copy(src, dst)
+        np.testing.assert_array_equal(lg.tensor_get(dst)[0, 0], x, err_msg=f"{src.name} -> {dst.name}")
+
+
+@pytest.mark.parametrize("snapshots", [False, True])
+def test_a_graph_takes_its_inputs_from_a_host_buffer_that_is_no_host_buffer(snapshots):
+    """relu(W x + s) on a device, W its weight; x (an input) and s in BYTES memory, which only the CPU
+    accepts: both are split inputs, copied through BYTES' get_tensor (by tensor_copy, or, on a backend
+    whose uploads snapshot host memory, by its set_tensor_async)."""
+    dev = StandInDevice("DEV").init_backend()
+    if snapshots:
+        dev.host_copy_snapshots = True
+        dev.set_tensor_async = lambda t, data, offset, size: t.data_buffer().set_tensor(t, data, offset, size)
+    cpu = cpu_device().init_backend()
+    values, x, _ = mlp_case(n_layers=1)
+    w = mlp_weights([dev], n=64)
+    fill_weights(w, values)
+    x_t, s_t = _tensors_in(BytesBufferType(), "x", "s")
+    lg.set_input(x_t)
+    s_val = RNG.standard_normal((4, 64), dtype=np.float32)
+    lg.tensor_set(x_t, x)
+    lg.tensor_set(s_t, s_val)
+    out = lg.relu(lg.add(lg.mul_mat(w["W0"], x_t), s_t))
+    lg.set_output(out)
+    g = graph_of(out)
+    s = Scheduler([dev, cpu])
+    assert s.alloc_graph(g) and s.graph_compute(g) == Status.SUCCESS
+    assert [(name, sorted(inputs)) for name, _, _, inputs in split_list(s)] == [("DEV", ["s", "x"])]
+    np.testing.assert_allclose(lg.tensor_get(out)[0, 0], np.maximum(x @ values["W0"].T + s_val, 0), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_the_cpu_refuses_to_compute_in_place_on_a_host_buffer_that_is_no_host_buffer():
+    """Its weights draw the op to the CPU, which computes on host memory in place: a clear error naming
+    the buffer's class, not an AttributeError deep in a kernel plan."""
+    w, = _tensors_in(BytesBufferType(), "w", ne=(64, 64))
+    w.buffer.usage = BufferUsage.WEIGHTS
+    x = new_input("x", (64, 4))
+    out = lg.mul_mat(w, x)
+    g = graph_of(out)
+    s = Scheduler([cpu_device().init_backend()])
+    assert s.alloc_graph(g)
+    lg.tensor_set(x, RNG.standard_normal((4, 64), dtype=np.float32))
+    with pytest.raises(lg.AllocationError, match=r"'w' is in a BytesBuffer of type BYTES, which says is_host"):
+        s.graph_compute(g)
