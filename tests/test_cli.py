@@ -258,3 +258,20 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(demo_warm, moment):
     assert status == 130 and err.splitlines() == ["lazyggml: interrupted"], (status, err[-3000:])
     if moment == "exiting":   # what was printed before is kept
         assert "\ndecode: " in out
+
+
+# -- README's test command -------------------------------------------------------------------------------
+def test_a_llama_cpp_without_rpc_stops_the_test_run_at_once_with_one_line(tmp_path):
+    """tests/conftest.py: a llama-cpp-python without its RPC backend (here a stand-in package with its
+    libraries but not libggml-rpc) stops the run before any test, saying what to run."""
+    lib = tmp_path / "llama_cpp" / "lib"
+    lib.mkdir(parents=True)
+    (tmp_path / "llama_cpp" / "__init__.py").write_text("")
+    (lib / "libggml.so").write_bytes(b"")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cli.py::test_version"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and r.stdout == "" and len(lines) == 1, (r.returncode, r.stdout, r.stderr)
+    assert "RPC backend" in lines[0] and "pip uninstall -y llama-cpp-python" in lines[0] \
+        and "pip cache remove llama_cpp_python" in lines[0] and "test command" in lines[0]
