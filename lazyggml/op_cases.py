@@ -800,22 +800,22 @@ def _fa_mask(n_q, causal=True, masked_row=None):
 _SIM_HEAVY = set()   # the names of the flash_attn cases over hundreds of KV cells: minutes under the CUDA simulator
 
 
-def _fa_case(d, n_kv, n_q, n_head, n_head_kv, kv, mt, ne3=1, ne3k=1, m=None, max_bias=0.0, softcap=0.0,
+def _fa_case(d, n_kv, n_q, n_head, n_head_kv, kv, masked=True, ne3=1, ne3k=1, m=None, max_bias=0.0, softcap=0.0,
              scale=None, dv=None, causal=True, masked_row=None):
     """A flash_attn_ext case: q F32 [d, n_q, n_head, ne3], k/v of type ``kv`` [d or dv, n_kv, n_head_kv,
-    ne3k], a mask of type ``mt`` (None: no mask) and shape ``m`` (default [n_kv, n_q, 1, 1])."""
+    ne3k], with ``masked`` an F16 mask (the op's only mask type) of shape ``m`` (default [n_kv, n_q, 1, 1])."""
     dv = dv or d
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     m = m or (n_kv, n_q, 1, 1)
     inputs = [f32(d, n_q, n_head, ne3), (kv, (d, n_kv, n_head_kv, ne3k)), (kv, (dv, n_kv, n_head_kv, ne3k))]
     fill = {}
-    if mt is not None:
-        inputs.append((mt, m))
+    if masked:
+        inputs.append((F16, m))
         fill[3] = _fa_mask(n_q, causal, masked_row)
     label = (f"d={d}{'' if dv == d else f', dv={dv}'}, n_kv={n_kv}, n_q={n_q}, heads={n_head}/{n_head_kv}"
              f"{f', ne3={ne3}/{ne3k}' if ne3 > 1 else ''}, kv {type_name(kv)}, "
-             f"mask {type_name(mt) + str(list(m)) if mt is not None else None}"
-             f"{', causal' if mt is not None and causal else ''}"
+             f"mask {'F16' + str(list(m)) if masked else None}"
+             f"{', causal' if masked and causal else ''}"
              f"{f', query {masked_row} masked' if masked_row is not None else ''}"
              f"{f', max_bias={max_bias}' if max_bias else ''}{f', softcap={softcap}' if softcap else ''}"
              f"{f', scale={scale:.3g}' if scale != 1.0 / math.sqrt(d) else ''}")
@@ -828,42 +828,42 @@ def _fa_case(d, n_kv, n_q, n_head, n_head_kv, kv, mt, ne3=1, ne3k=1, m=None, max
          max_nmse=FLASH_ATTN_NMSE if kv == F16 else MAX_NMSE)
 
 
-_fa_case(64, 7, 5, 4, 4, F16, F16)
-_fa_case(64, 7, 5, 4, 4, F32, F32)
-_fa_case(64, 7, 5, 4, 4, F16, F16, masked_row=2)                    # a query that sees nothing: zeros
-_fa_case(64, 7, 5, 4, 2, F32, F32, masked_row=0)
-_fa_case(128, 259, 1, 8, 2, F16, F16)                               # decode: one query, GQA 4
-_fa_case(128, 259, 1, 8, 2, F32, None)
-_fa_case(64, 259, 32, 4, 1, F16, F16)                               # a prompt batch, GQA 4
-_fa_case(128, 7, 32, 2, 2, F32, F32, causal=False)
-_fa_case(128, 1, 1, 4, 4, F16, None)                                # one cell
-_fa_case(128, 1, 5, 4, 1, F32, F32, causal=False)
-_fa_case(40, 7, 5, 4, 4, F16, F16)                                  # a head size of no SIMD width
-_fa_case(40, 259, 5, 4, 4, F32, None)
-_fa_case(64, 7, 5, 4, 4, F32, None, dv=40)                          # V rows shorter than K's
-_fa_case(64, 7, 5, 6, 6, F16, F16, m=(7, 5, 2, 1), max_bias=8.0)    # ALiBi, 6 heads: both slope bases
-_fa_case(64, 7, 5, 6, 3, F32, F32, max_bias=8.0)
+_fa_case(64, 7, 5, 4, 4, F16)
+_fa_case(64, 7, 5, 4, 4, F32)
+_fa_case(64, 7, 5, 4, 4, F16, masked_row=2)                   # a query that sees nothing: zeros
+_fa_case(64, 7, 5, 4, 2, F32, masked_row=0)
+_fa_case(128, 259, 1, 8, 2, F16)                              # decode: one query, GQA 4
+_fa_case(128, 259, 1, 8, 2, F32, masked=False)
+_fa_case(64, 259, 32, 4, 1, F16)                              # a prompt batch, GQA 4
+_fa_case(128, 7, 32, 2, 2, F32, causal=False)
+_fa_case(128, 1, 1, 4, 4, F16, masked=False)                  # one cell
+_fa_case(128, 1, 5, 4, 1, F32, causal=False)
+_fa_case(40, 7, 5, 4, 4, F16)                                 # a head size of no SIMD width
+_fa_case(40, 259, 5, 4, 4, F32, masked=False)
+_fa_case(64, 7, 5, 4, 4, F32, masked=False, dv=40)            # V rows shorter than K's
+_fa_case(64, 7, 5, 6, 6, F16, m=(7, 5, 2, 1), max_bias=8.0)   # ALiBi, 6 heads: both slope bases
+_fa_case(64, 7, 5, 6, 3, F32, max_bias=8.0)
 # soft cap: a larger scale so that scores reach where tanh bends
-_fa_case(128, 259, 5, 4, 4, F16, F16, softcap=50.0, scale=8.0 / math.sqrt(128))
-_fa_case(64, 7, 5, 4, 2, F32, F32, softcap=50.0, scale=8.0 / math.sqrt(64))
-_fa_case(64, 7, 5, 2, 2, F16, F16, ne3=2, ne3k=1, m=(7, 5, 2, 2))   # dim 3: k, v broadcast, mask per ne3
-_fa_case(64, 7, 5, 2, 1, F32, F32, ne3=2, ne3k=2, m=(7, 8, 1, 1))   # mask rows beyond n_q (padding)
+_fa_case(128, 259, 5, 4, 4, F16, softcap=50.0, scale=8.0 / math.sqrt(128))
+_fa_case(64, 7, 5, 4, 2, F32, softcap=50.0, scale=8.0 / math.sqrt(64))
+_fa_case(64, 7, 5, 2, 2, F16, ne3=2, ne3k=1, m=(7, 5, 2, 2))  # dim 3: k, v broadcast, mask per ne3
+_fa_case(64, 7, 5, 2, 1, F32, ne3=2, ne3k=2, m=(7, 8, 1, 1))  # mask rows beyond n_q (padding)
 # the shapes that take CUDA's other paths: 9 queries (blocks of 8, the second mostly empty), a
 # prompt of 20 (the unfused kernels) with a query that sees nothing, a soft-capped prompt (blocks of 8)
-_fa_case(64, 7, 9, 4, 2, F16, F16)
-_fa_case(64, 7, 20, 4, 2, F32, F32, masked_row=3)
-_fa_case(64, 7, 20, 4, 4, F16, F16, softcap=50.0, scale=8.0 / math.sqrt(64))
+_fa_case(64, 7, 9, 4, 2, F16)
+_fa_case(64, 7, 20, 4, 2, F32, masked_row=3)
+_fa_case(64, 7, 20, 4, 4, F16, softcap=50.0, scale=8.0 / math.sqrt(64))
 # the CPU's other paths (GGML's): one query over >= 512 cells (split between threads), >= 64 queries (tiled:
 # a full tile of queries and a partial one, over a full window of cells and a partial one)
-_fa_case(64, 600, 1, 4, 2, F16, F16)
-_fa_case(64, 600, 1, 4, 2, F32, F32)
-_fa_case(64, 100, 70, 4, 2, F16, F16)
+_fa_case(64, 600, 1, 4, 2, F16)
+_fa_case(64, 600, 1, 4, 2, F32)
+_fa_case(64, 100, 70, 4, 2, F16)
 
 
-def _fa_cache_case(d, n_head, n_head_kv, n_q, n_kv, n_ctx, kv, mt):
+def _fa_cache_case(d, n_head, n_head_kv, n_q, n_kv, n_ctx, kv):
     """flash_attn_ext as the model runner calls it: k and v are views of the first n_kv cells of
     [d * n_head_kv, n_ctx] caches (view_3d to [d, n_head_kv, n_kv], then permuted to [d, n_kv,
-    n_head_kv]), q a permuted [d, n_head, n_q] tensor."""
+    n_head_kv]), q a permuted [d, n_head, n_q] tensor, an F16 causal mask."""
     n_embd = d * n_head_kv
     scale = 1.0 / math.sqrt(d)
 
@@ -874,11 +874,11 @@ def _fa_cache_case(d, n_head, n_head_kv, n_q, n_kv, n_ctx, kv, mt):
         return np_permute(c[:, :, :n_kv].reshape(1, n_kv, n_head_kv, d), 0, 2, 1, 3)
 
     name = (f"flash_attn_ext(views of a {type_name(kv)} cache [{n_embd}, {n_ctx}], n_kv={n_kv}, permuted q "
-            f"[{d}, {n_head}, {n_q}], heads={n_head}/{n_head_kv}, mask {type_name(mt)}, causal)")
+            f"[{d}, {n_head}, {n_q}], heads={n_head}/{n_head_kv}, mask F16, causal)")
     if n_kv > 64:
         _SIM_HEAVY.add(name)
     case(name, "flash_attn",
-         [f32(d, n_head, n_q), (kv, (n_embd, n_ctx)), (kv, (n_embd, n_ctx)), (mt, (n_kv, n_q))],
+         [f32(d, n_head, n_q), (kv, (n_embd, n_ctx)), (kv, (n_embd, n_ctx)), (F16, (n_kv, n_q))],
          lambda q, kc, vc, mask: ops.flash_attn_ext(ops.permute(q, 0, 2, 1, 3), kv_view(kc), kv_view(vc), mask,
                                                     scale),
          lambda q, kc, vc, mask: flash_attn_ext_ref(np_permute(q, 0, 2, 1, 3), kv_ref(kc), kv_ref(vc), mask,
@@ -886,8 +886,8 @@ def _fa_cache_case(d, n_head, n_head_kv, n_q, n_kv, n_ctx, kv, mt):
          {3: _fa_mask(n_q)}, max_nmse=FLASH_ATTN_NMSE if kv == F16 else MAX_NMSE)
 
 
-_fa_cache_case(128, 8, 2, 5, 259, 320, F16, F16)
-_fa_cache_case(64, 4, 2, 5, 7, 16, F32, F32)
+_fa_cache_case(128, 8, 2, 5, 259, 320, F16)
+_fa_cache_case(64, 4, 2, 5, 7, 16, F32)
 
 
 # -- a small chain, as a model would use them --------------------------------------------------------

@@ -895,10 +895,12 @@ def flash_attn_ext(q, k, v, mask=None, scale=1.0, max_bias=0.0, logit_softcap=0.
     ``q`` F32 [D, n_q, n_head, ne3]; ``k`` F16 or F32 [D, n_kv, n_head_kv, ne3k]; ``v`` of ``k``'s
     type [Dv, n_kv, n_head_kv, ne3k] (not transposed); query head ``h`` reads kv head
     ``h // (n_head / n_head_kv)`` and dim 3 is broadcast the same way (GQA). q, k and v may be
-    views with any strides as long as each row (dim 0) is packed. ``mask`` (optional, F16 or F32,
-    contiguous) is [n_kv, >= n_q, m2, m3]: query ``i`` adds row ``i``, dims 2 and 3 broadcast by
-    modulo as in ``soft_max_ext``; -inf cells are skipped. ``slope`` is ALiBi's per-head slope when
-    ``max_bias > 0`` (which needs a mask), else 1. With ``logit_softcap`` != 0 the score becomes
+    views with any strides as long as each row (dim 0) is packed. ``mask`` (optional, contiguous)
+    is F16 [n_kv, >= n_q, m2, m3]: query ``i`` adds row ``i``, dims 2 and 3 broadcast by modulo as
+    in ``soft_max_ext``; -inf cells are skipped. F16 only, as GGML asserts: its kernels read the
+    mask as ``ggml_fp16_t``, and GGML's RPC server, which does not check again, would read an F32
+    mask's bytes as halves (``soft_max_ext`` takes either; ``cpy`` an F32 mask into an F16 tensor
+    for this op). ``slope`` is ALiBi's per-head slope when ``max_bias > 0`` (which needs a mask), else 1. With ``logit_softcap`` != 0 the score becomes
     ``logit_softcap * tanh(score / logit_softcap)`` before the mask is added. A query whose every
     cell is masked gets zeros.
 
@@ -921,8 +923,9 @@ def flash_attn_ext(q, k, v, mask=None, scale=1.0, max_bias=0.0, logit_softcap=0.
         _fail(name, "q's dims 2, 3 (n_head, ne3) must be multiples of k's (GQA broadcast)", q, k, v)
     if mask is not None:
         _need(name, mask)
-        if mask.type not in (Type.F16, Type.F32):
-            _fail(name, "mask must be F16 or F32", q, k, v, mask, error=TensorTypeError)
+        if mask.type != Type.F16:
+            _fail(name, "mask must be F16 (GGML's contract; cpy an F32 mask into an F16 tensor)", q, k, v, mask,
+                  error=TensorTypeError)
         if not mask.is_contiguous():
             _fail(name, "mask must be contiguous", q, k, v, mask)
         if mask.ne[0] != k.ne[1] or mask.ne[1] < q.ne[1]:

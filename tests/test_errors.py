@@ -122,7 +122,9 @@ def _fa_operands(q_type=F32, kv_type=F16, n_head_kv=2):
     (lambda ctx, q, k, v: lg.flash_attn_ext(q, ctx.new_tensor_3d(I32, 64, 7, 2), v),
      lg.TensorTypeError, "i32 input"),
     (lambda ctx, q, k, v: lg.flash_attn_ext(q, k, v, ctx.new_tensor_2d(I32, 7, 5)),
-     lg.TensorTypeError, "mask must be F16 or F32"),
+     lg.TensorTypeError, "mask must be F16"),
+    (lambda ctx, q, k, v: lg.flash_attn_ext(q, k, v, ctx.new_tensor_2d(F32, 7, 5)),   # GGML reads masks as F16
+     lg.TensorTypeError, "mask must be F16"),
     (lambda ctx, q, k, v: lg.flash_attn_ext(q, ctx.new_tensor_3d(F16, 64, 7, 3), ctx.new_tensor_3d(F16, 64, 7, 3)),
      lg.ShapeError, r"multiples of k's \(GQA broadcast\)"),
     (lambda ctx, q, k, v: lg.flash_attn_ext(q, ctx.new_tensor_3d(F16, 32, 7, 2), v),

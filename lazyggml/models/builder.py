@@ -61,10 +61,12 @@ class GraphBuilder:
             self.kv_idxs = ctx.new_tensor_1d(Type.I64, n_tokens)
             self.v_idxs = None if self.flash_attn else ctx.new_tensor_1d(Type.I64, n_tokens * hp.n_embd_v_gqa)
             # the causal mask, and the sliding-window layers' (causal, and only the last n_swa
-            # positions: Gemma 3), each where some layer uses it
+            # positions: Gemma 3), each where some layer uses it; F16 for flash attention, which
+            # takes no other (llama.cpp's masks are F16 there too), F32 for soft_max_ext
             swa = [hp.is_swa(il) for il in range(hp.n_layer)]
-            self.kq_mask = None if all(swa) else ctx.new_tensor_2d(Type.F32, n_kv, n_tokens)
-            self.kq_mask_swa = ctx.new_tensor_2d(Type.F32, n_kv, n_tokens) if any(swa) else None
+            mtype = Type.F16 if self.flash_attn else Type.F32
+            self.kq_mask = None if all(swa) else ctx.new_tensor_2d(mtype, n_kv, n_tokens)
+            self.kq_mask_swa = ctx.new_tensor_2d(mtype, n_kv, n_tokens) if any(swa) else None
         for t, name in ((self.tokens, "inp_tokens"), (self.pos, "inp_pos"), (self.kv_idxs, "inp_kv_idxs"),
                         (self.v_idxs, "inp_v_idxs"), (self.kq_mask, "inp_kq_mask"),
                         (self.kq_mask_swa, "inp_kq_mask_swa")):

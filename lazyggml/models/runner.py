@@ -359,7 +359,7 @@ class Model:
         q = ctx.new_tensor_3d(Type.F32, hp.n_embd_head_k, 1, hp.n_head)
         k = ctx.new_tensor_3d(Type.F16, hp.n_embd_head_k, KV_PAD, hp.n_head_kv)
         v = ctx.new_tensor_3d(Type.F16, hp.n_embd_head_k, KV_PAD, hp.n_head_kv)
-        node = ops.flash_attn_ext(q, k, v, ctx.new_tensor_2d(Type.F32, KV_PAD, 1), 1.0)
+        node = ops.flash_attn_ext(q, k, v, ctx.new_tensor_2d(Type.F16, KV_PAD, 1), 1.0)
         layers = self.layer_backends[:-1]
         runs = all(b.supports_op(node) for b in layers)
         if want is None:

@@ -4,7 +4,7 @@ gives llama.cpp's numbers.
 
 Shapes, in GGML's order: ``q`` F32 [D, n_q, n_head, ne3]; ``k`` [D, n_kv, n_head_kv, ne3k] and ``v``
 [Dv, n_kv, n_head_kv, ne3k], F16 (read through their bits) or F32, any strides with packed rows;
-``mask`` optional, F16 or F32, [n_kv, >= n_q, m2, m3]; the result F32 [Dv, n_head, n_q, ne3]. Query
+``mask`` optional, F16 (GGML's contract), [n_kv, >= n_q, m2, m3]; the result F32 [Dv, n_head, n_q, ne3]. Query
 row (iq1, iq2, iq3) attends to head ``ik2 = iq2 // (n_head / n_head_kv)`` of batch ``ik3 = iq3 //
 (ne3 / ne3k)`` (GQA's broadcast). Per cell ``ic``: ``mv = slope * mask[iq3 % m3, iq2 % m2, iq1, ic]``
 (0 without a mask; ``slope`` is ALiBi's, ``softmax.alibi_slopes``, 1 without ALiBi); a cell with
@@ -482,7 +482,7 @@ def _reduce_chunks(parts, stats, dst):
 def _supported(node):
     q, k, v, mask = node.src[0], node.src[1], node.src[2], node.src[3]
     return (node.type == Type.F32 and q.type == Type.F32 and k.type in (Type.F16, Type.F32)
-            and v.type in (Type.F16, Type.F32) and (mask is None or mask.type in (Type.F16, Type.F32))
+            and v.type in (Type.F16, Type.F32) and (mask is None or mask.type == Type.F16)
             and node.src[4] is None)   # no attention sinks (ggml_flash_attn_ext_add_sinks)
 
 

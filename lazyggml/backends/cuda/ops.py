@@ -474,7 +474,7 @@ def _supports_fattn(node):
     packed = all(_packed(t) for t in (q, k, v))
     return (node.src[4] is None and q.type == F32 and node.type == F32 and k.type in FLOAT_TYPES
             and v.type == k.type and v.ne[0] == q.ne[0] <= MAX_D and packed and node.is_contiguous()
-            and (mask is None or mask.type in FLOAT_TYPES and mask.is_contiguous()))
+            and (mask is None or mask.type == F16 and mask.is_contiguous()))
 
 
 @forward(Op.FLASH_ATTN_EXT, supports=_supports_fattn)

@@ -5,7 +5,8 @@
 // maximum updates the running maximum M (the sum L and the accumulator are rescaled by
 // exp(M_old - M)), the chunk's probabilities go to local memory, and each lane adds them times V
 // to its elements of the output (d = lane, lane + FA_LANES, ...: Dv <= FA_LANES * FA_DV_PER_LANE).
-// A query whose every cell is masked gets zeros. K and V are F16 (vload_half) or F32 (kv_f16).
+// A query whose every cell is masked gets zeros. K and V are F16 (vload_half) or F32 (kv_f16);
+// the mask is F16, as GGML's op requires (has_mask).
 #define FA_LANES 64
 #define FA_DV_PER_LANE 4
 
@@ -16,7 +17,7 @@ static inline float fa_load(global const char *base, tensor_t t, int i0, int i1,
 
 kernel void kernel_flash_attn_ext(global const char *qb, tensor_t q, global const char *kb, tensor_t k,
                                   global const char *vb, tensor_t v, global const char *mb, tensor_t m,
-                                  global char *dst, tensor_t d, int kv_f16, int mask_type, float scale,
+                                  global char *dst, tensor_t d, int kv_f16, int has_mask, float scale,
                                   float softcap, float max_bias, float m0, float m1, int n_head_log2) {
     local float scratch[FA_LANES];
     local float probs[FA_LANES];
@@ -35,10 +36,8 @@ kernel void kernel_flash_attn_ext(global const char *qb, tensor_t q, global cons
         float s = -INFINITY;
         if (c < n_kv) {
             float mv = 0.0f;
-            if (mask_type) {
-                global const char *p = T_PTR(mb, m, c, iq, h % m.ne[2], i3 % m.ne[3]);
-                mv = slope * (mask_type == 1 ? *(global const float *)p : vload_half(0, (global const half *)p));
-            }
+            if (has_mask)
+                mv = slope * vload_half(0, (global const half *)T_PTR(mb, m, c, iq, h % m.ne[2], i3 % m.ne[3]));
             if (mv != -INFINITY) {
                 float dot = 0.0f;
                 for (int i = 0; i < D; i++)

@@ -132,7 +132,7 @@ FA_LANES, FA_DV_PER_LANE = 64, 4   # flash_attn.cl's work-group and output eleme
 def _flash_attn_ok(node):
     q, k, v, mask = node.src[:4]
     return (node.src[4] is None and _f32(node, q) and k.type in (Type.F32, Type.F16) and v.type == k.type
-            and v.ne[0] <= FA_LANES * FA_DV_PER_LANE and (mask is None or mask.type in (Type.F32, Type.F16)))
+            and v.ne[0] <= FA_LANES * FA_DV_PER_LANE and (mask is None or mask.type == Type.F16))
 
 
 @forward(Op.FLASH_ATTN_EXT, supports=_flash_attn_ok)
@@ -141,9 +141,8 @@ def _flash_attn(be, node):
     p = flash_attn_params(node)
     m0, m1, n_head_log2 = soft_max_alibi(q.ne[2], p.max_bias)
     scale = np.float32(p.scale) / np.float32(p.logit_softcap) if p.logit_softcap else np.float32(p.scale)
-    mask_type = 0 if mask is None else (1 if mask.type == Type.F32 else 2)
     be.launch_rows("kernel_flash_attn_ext", node, *targ(q), *targ(k), *targ(v), *targ(mask if mask is not None else q),
-                   *targ(node), np.int32(k.type == Type.F16), np.int32(mask_type), scale,
+                   *targ(node), np.int32(k.type == Type.F16), np.int32(mask is not None), scale,
                    np.float32(p.logit_softcap), np.float32(p.max_bias), m0, m1, np.int32(n_head_log2),
                    lanes=FA_LANES)
 
