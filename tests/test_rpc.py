@@ -148,16 +148,38 @@ def test_decode_steps_resend_only_graph_recompute(models, ours, monkeypatch):
 
 
 @pytest.mark.parametrize("mix", ["f32", "f16"])
-def test_our_client_with_llama_cpp_server(models, mix):
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_our_client_with_llama_cpp_server(models, mix, flash_attn):
+    """GGML's CPU kernels on the server against ours here. With flash attention the mask crosses
+    the wire as F16, GGML's only mask type (an F32 mask, read there as halves, gave other text from
+    the first token)."""
     srv = llama_cpp_server()
     try:
-        _, got, steps = _remote(models[mix], srv.endpoint)
+        _, got, steps = _remote(models[mix], srv.endpoint, flash_attn)
     finally:
         srv.kill()
-    want, want_steps = _local(models[mix])
+    want, want_steps = _local(models[mix], flash_attn)
     assert _nmse(got, want) <= 1e-6
     for g, w in zip(steps, want_steps):
         assert _nmse(g, w) <= 1e-6
+
+
+def test_client_refuses_a_node_that_breaks_its_ops_contract():
+    """A FLASH_ATTN_EXT whose mask was swapped for an F32 one after its constructor ran: GGML's
+    server would read the floats as halves, so the client refuses the graph, naming the node; the
+    same node with its F16 mask passes."""
+    from lazyggml.backends.rpc.client import serialize_graph
+    from lazyggml.backends.rpc.contract import check_node
+    ctx = lg.Context()
+    q, k, v = ctx.new_tensor_3d(lg.F32, 64, 5, 4), ctx.new_tensor_3d(lg.F16, 64, 7, 2), ctx.new_tensor_3d(lg.F16, 64, 7, 2)
+    fa = lg.flash_attn_ext(q, k, v, ctx.new_tensor_2d(lg.F16, 7, 5), 0.125)
+    lg.set_name(fa, "attn")
+    check_node(fa)
+    fa.src[3] = ctx.new_tensor_2d(lg.F32, 7, 5)
+    g = lg.Graph()
+    g.build_forward_expand(fa)
+    with pytest.raises(lg.UnsupportedOpError, match=r"'attn'.*mask must be F16"):
+        serialize_graph(g, 0, None)
 
 
 @pytest.mark.parametrize("mix", ["f32", "f16"])

@@ -12,7 +12,9 @@ scheduler treat them like local GPUs. The pieces are GGML's (ggml-rpc.cpp), in o
   Weights above 10 MiB are offered by hash first (SET_TENSOR_HASH): a server with a cache that
   already holds them answers yes and the bytes never cross the wire.
 * ``RPCBackend``: ``graph_compute`` sends the graph (GRAPH_COMPUTE, no reply: the server answers the
-  next command with a reply, e.g. reading the logits, when it is done). The same graph computed
+  next command with a reply, e.g. reading the logits, when it is done), each node checked first
+  against its op's contract (``contract.py``): GGML's server does not check, and would compute a
+  wrong answer. The same graph computed
   again with nothing moved (a decode step's) is GRAPH_RECOMPUTE: four bytes instead of the graph.
 
 One TCP connection per server, shared by its devices; the server frees everything a connection
@@ -34,6 +36,7 @@ from ...errors import OutOfMemoryError
 from ...ops import Op
 from ...tensor import MAX_SRC
 from ...types import is_quantized, type_name
+from .contract import check_node
 from .protocol import (ALLOC_REQ, CLEAR_REQ, GGML_OP, HASH_THRESHOLD, HELLO_REPLY, MEMSET_TAIL, RANGE,
                        SET_HEAD, TWO_U64, U8, U32, U64, VERSION, CONN_CAPS, Channel, Cmd, RPCError,
                        WireTensor, fnv1a64, params_to_wire)
@@ -232,7 +235,8 @@ class RPCBackend(Backend):
             srv.command(Cmd.GRAPH_RECOMPUTE, U32.pack(dev))
             return buffer_mod.Status.SUCCESS
         srv.command(Cmd.GRAPH_COMPUTE, serialize_graph(g, dev, srv))
-        srv.last_graph[dev] = key
+        # the key as it stands now: the contract check made (and dropped) tensors, which counts as a move
+        srv.last_graph[dev] = (id(g), g.version, buffer_mod.placement_epoch)
         return buffer_mod.Status.SUCCESS
 
 
@@ -268,9 +272,12 @@ def _wire(t, server, use_count=0):
 
 def serialize_graph(g, device, server):
     """GRAPH_COMPUTE's payload: the device, the node ids in order, then every tensor the nodes reach,
-    each after its sources and its view source (GGML's post-order, de-duplicated)."""
+    each after its sources and its view source (GGML's post-order, de-duplicated). Each node is first
+    checked against its op's contract (``contract.check_node``): the server may be GGML's, which
+    computes whatever arrives."""
     seen, order = set(), []
     for node in g.nodes:
+        check_node(node)
         stack = [(node, False)]
         while stack:
             t, expanded = stack.pop()

@@ -39,7 +39,7 @@ stricter than GGML's:
   honest clients and rules out cycles and deep recursion); op ids lazyggml knows; node ids in the
   array. Our kernels do not check bounds, so a node whose shapes break its op's rule could read or
   write outside its tensors: every computed tensor is **rebuilt with lazyggml's own op
-  constructor** (``_REBUILD``) from its decoded sources and ``op_params``, which raises on shapes
+  constructor** (``contract.REBUILD``) from its decoded sources and ``op_params``, which raises on shapes
   or types the op does not take, and the result must have the wire's type, shape, strides, sources
   and view source. Each node that will run must be supported by the backend (``supports_op``) and
   have its result and sources in memory the backend can use.
@@ -66,9 +66,10 @@ import numpy as np
 from ... import ops
 from ...buffer import Status, buft_alloc_buffer
 from ...graph import Graph
-from ...ops import EMPTY_OPS, GluOp
+from ...ops import EMPTY_OPS
 from ...tensor import FLAG_COMPUTE, Context
 from ...types import Op, Type, blck_size, type_size
+from .contract import INPLACE, REBUILD
 from .protocol import (ALLOC_REQ, CLEAR_REQ, CONN_CAPS, DEFAULT_PORT, HEADER, HELLO_REPLY, MEMSET_TAIL,
                        OP_FROM_GGML, RANGE, REPLIES, REQUEST_SIZE, SET_HEAD, TENSOR, TWO_U64, U8, U32, U64,
                        VERSION, Channel, Cmd, RPCError, WireTensor, fnv1a64, params_from_wire)
@@ -82,63 +83,6 @@ MAX_RECORDS = 4096            # checked tensor records kept per connection (tens
 _PAGE = 4096                  # made-up bases are aligned to this (or the buffer type's alignment, if larger)
 _FIRST_BASE = 0x10000000000   # where a connection's made-up addresses start: any non-zero value would do
 _ADDRESS_END = 1 << 64        # they must stay u64
-
-
-# -- graphs: each computed op rebuilt by its constructor ------------------------------------------
-def _flash_attn(s, p, t):
-    r = ops.flash_attn_ext(s[0], s[1], s[2], s[3], p[0], p[1], p[2])
-    ops.flash_attn_ext_set_prec(r, p[3])
-    return r
-
-
-# How each computed op is rebuilt from its decoded sources ``s`` (GGML's slots), its params ``p``
-# (``params_from_wire``) and ``t``, the tensor as the wire describes it, which CONT and REPEAT take
-# their result shape from. NONE and the view ops are not here: nothing computes them.
-_REBUILD = {
-    Op.DUP: lambda s, p, t: ops.dup(s[0]),
-    Op.ADD: lambda s, p, t: ops.add(s[0], s[1]),
-    Op.ADD1: lambda s, p, t: ops.add1(s[0], s[1]),
-    Op.SUB: lambda s, p, t: ops.sub(s[0], s[1]),
-    Op.MUL: lambda s, p, t: ops.mul(s[0], s[1]),
-    Op.DIV: lambda s, p, t: ops.div(s[0], s[1]),
-    Op.SQR: lambda s, p, t: ops.sqr(s[0]),
-    Op.SQRT: lambda s, p, t: ops.sqrt(s[0]),
-    Op.LOG: lambda s, p, t: ops.log(s[0]),
-    Op.SIN: lambda s, p, t: ops.sin(s[0]),
-    Op.COS: lambda s, p, t: ops.cos(s[0]),
-    Op.SUM: lambda s, p, t: ops.sum(s[0]),
-    Op.SUM_ROWS: lambda s, p, t: ops.sum_rows(s[0]),
-    Op.MEAN: lambda s, p, t: ops.mean(s[0]),
-    Op.ARGMAX: lambda s, p, t: ops.argmax(s[0]),
-    Op.REPEAT: lambda s, p, t: ops.repeat(s[0], t),
-    Op.CONCAT: lambda s, p, t: ops.concat(s[0], s[1], p[0]),
-    Op.NORM: lambda s, p, t: ops.norm(s[0], p[0]),
-    Op.RMS_NORM: lambda s, p, t: ops.rms_norm(s[0], p[0]),
-    Op.MUL_MAT: lambda s, p, t: ops.mul_mat(s[0], s[1]),
-    Op.MUL_MAT_ID: lambda s, p, t: ops.mul_mat_id(s[0], s[1], s[2]),
-    Op.SCALE: lambda s, p, t: ops.scale_bias(s[0], p[0], p[1]),
-    Op.CPY: lambda s, p, t: ops.cpy(s[0], s[1]),
-    Op.CONT: lambda s, p, t: ops.cont_4d(s[0], *t.ne),
-    Op.GET_ROWS: lambda s, p, t: ops.get_rows(s[0], s[1]),
-    Op.SET_ROWS: lambda s, p, t: ops.set_rows(s[2], s[0], s[1]),   # GGML's slots: rows, indices, destination
-    Op.DIAG_MASK_INF: lambda s, p, t: ops.diag_mask_inf(s[0], p[0]),
-    Op.SOFT_MAX: lambda s, p, t: ops.soft_max_ext(s[0], s[1], p[0], p[1]),
-    Op.ROPE: lambda s, p, t: ops.rope_ext(s[0], s[1], s[2], p[1], p[2], p[4], *p[5:]),  # p[0], p[3]: unused slots
-    Op.CLAMP: lambda s, p, t: ops.clamp(s[0], p[0], p[1]),
-    Op.PAD: lambda s, p, t: ops.pad_ext(s[0], *p),
-    Op.ARGSORT: lambda s, p, t: ops.argsort(s[0], p[0]),
-    Op.FLASH_ATTN_EXT: _flash_attn,
-    Op.UNARY: lambda s, p, t: ops.unary(s[0], p[0]),
-    # GGML's ggml_glu_impl: the public wrappers (swiglu, geglu_split, ...) name only some pairs
-    Op.GLU: lambda s, p, t: ops._glu_impl(s[0], s[1], GluOp(p[0]), p[1], None),
-}
-assert set(_REBUILD) == set(Op) - EMPTY_OPS, "every computed op needs its rebuild"
-
-# The ops whose result may be a view of their first source, as GGML's ``*_inplace`` constructors
-# (and ops.py's ``_impl(..., inplace)``) make it: the same node, written over that source.
-_INPLACE = frozenset({Op.DUP, Op.ADD, Op.ADD1, Op.SUB, Op.MUL, Op.DIV, Op.SQR, Op.SQRT, Op.LOG, Op.SIN,
-                      Op.COS, Op.UNARY, Op.SCALE, Op.NORM, Op.RMS_NORM, Op.DIAG_MASK_INF, Op.SOFT_MAX,
-                      Op.ROPE})
 
 
 def _runs(node):
@@ -505,8 +449,8 @@ class _Connection:
             t.op, t.src, t.op_params = op, srcs, params
         else:
             t = self.tensor(ctx, w)
-            r = _REBUILD[op](srcs, params, t)
-            if view_src is not None and r.view_src is None and op in _INPLACE:
+            r = REBUILD[op](srcs, params, t)
+            if view_src is not None and r.view_src is None and op in INPLACE:
                 inplace = ctx.view_tensor(srcs[0])   # GGML's *_inplace: the same node, viewing src[0]
                 inplace.op, inplace.src, inplace.op_params = r.op, r.src, r.op_params
                 r = inplace
