@@ -5,7 +5,8 @@ Three oracles:
 * float64 NumPy of the dequantized weights: NMSE <= 5e-4 (test-backend-ops' MUL_MAT threshold) on
   uniform [-1, 1] data;
 * GGML's own CPU mul_mat through ggml-python, same weights, same thread count: relative error
-  ||ours - ggml|| / ||ggml|| <= 1e-4 (in practice 0 for the SIMD types: bit-identical);
+  ||ours - ggml|| / ||ggml|| <= 1e-4, and bit-identical where GGML's kernels are the AVX2 ones
+  that ours follow (every weight type, float ones included);
 * each fast ``vec_dot`` against its plain ``_ref`` on random blocks, and the portable (non-AVX2)
   SIMD path in a subprocess with ``LAZYGGML_SIMD=portable NUMBA_ENABLE_AVX=0``.
 """
@@ -36,7 +37,13 @@ import ggml  # noqa: E402  (ggml-python, the GGML oracle: the test extra install
 N_THREADS = 2
 QUANT_TYPES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K,
                Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.IQ4_NL, Type.IQ4_XS]
-ALL_TYPES = [Type.F32, Type.F16, Type.BF16] + QUANT_TYPES
+FLOAT_TYPES = [Type.F32, Type.F16, Type.BF16]
+ALL_TYPES = FLOAT_TYPES + QUANT_TYPES
+# ggml-python's GGML is built for this CPU. With AVX2 and FMA its dot products are the AVX2 code our
+# kernels follow lane for lane: the same bits for every quantized type; for the float types too,
+# unless it was built for AVX-512, whose float sums run 16 lanes wide (vec_dot.py's float rows).
+GGML_BITS = simd.HAVE_AVX2 and "fma" in simd._FEATURES
+GGML_FLOAT_BITS = GGML_BITS and not simd.HAVE_AVX512
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,6 +122,17 @@ def reference(deq, x):
     return out
 
 
+def columns(rng, ne13, ne12, n, k, noncontig):
+    """Activations (ne13, ne12, n, k), uniform in [-1, 1]; ``noncontig``: a permuted view with
+    padded rows, x[i3, i2, i1, :] being base[i3, i1, i2, :k]."""
+    if not noncontig:
+        return rng.uniform(-1, 1, (ne13, ne12, n, k)).astype(np.float32)
+    base = rng.uniform(-1, 1, (ne13, n, ne12, k + 8)).astype(np.float32)
+    x = base.transpose(0, 2, 1, 3)[..., :k]
+    assert not x.flags.c_contiguous
+    return x
+
+
 def nmse(a, b):
     return float(np.sum((a - b) ** 2) / np.sum(b ** 2))
 
@@ -140,13 +158,7 @@ def test_mul_mat_vs_numpy_and_ggml(t):
     for k, m, n, (ne03, ne02), (ne13, ne12), noncontig in CASES:
         wf = rng.uniform(-1, 1, (ne03, ne02, m, k)).astype(np.float32)
         w, wbytes, deq = make_weights(t, wf)
-        if noncontig:
-            # a permuted view with padded rows: x[i3, i2, i1, :] is base[i3, i1, i2, :k]
-            base = rng.uniform(-1, 1, (ne13, n, ne12, k + 8)).astype(np.float32)
-            x = base.transpose(0, 2, 1, 3)[..., :k]
-            assert not x.flags.c_contiguous
-        else:
-            x = rng.uniform(-1, 1, (ne13, ne12, n, k)).astype(np.float32)
+        x = columns(rng, ne13, ne12, n, k, noncontig)
         dst = np.full((ne13, ne12, n, m), np.nan, np.float32)
         M.mul_mat(w, t, x, dst)
         ref = reference(deq, x)
@@ -154,10 +166,32 @@ def test_mul_mat_vs_numpy_and_ggml(t):
         g = ggml_mul_mat(wbytes, t, x)
         err = rel(dst, g)
         assert err <= 1e-4, (t.name, k, m, n, err)
-        if TYPE_TRAITS_CPU[t].fast and t not in (Type.F32, Type.F16, Type.BF16) and simd.HAVE_AVX2 \
-                and "fma" in simd._FEATURES:
-            # same activation quantizer, same integer lanes, same FMA order as GGML's AVX2 code
+        if GGML_FLOAT_BITS if t in FLOAT_TYPES else GGML_BITS:
+            # same activation conversion, same integer lanes, same FMA order as GGML's AVX2 code
             assert np.array_equal(dst, g), (t.name, k, m, n, err)
+
+
+# (k, m, n, non-contiguous x): the issue's 96 x 2048 weights at 1, 8 and 64 columns (GGML's
+# chunking and our tiles differ with n), and k past a multiple of 32 (GGML's scalar leftovers)
+FLOAT_CASES = [
+    (2048, 96, 1, False), (2048, 96, 8, False), (2048, 96, 64, False), (2048, 96, 8, True),
+    (2000, 96, 1, False), (2000, 96, 64, True), (100, 33, 5, False), (35, 17, 3, True), (7, 9, 2, False),
+]
+
+
+@pytest.mark.skipif(not GGML_FLOAT_BITS, reason="GGML's float dot products here are not its AVX2 ones")
+@pytest.mark.parametrize("t", FLOAT_TYPES, ids=lambda t: t.name)
+def test_float_mul_mat_is_ggml_bits(t):
+    """F32, F16 and BF16 weights give GGML's CPU mul_mat bit for bit (its ggml_vec_dot_f32 / _f16 /
+    _bf16 per row and column: vec_dot.py's float rows), for one column (two rows at a time) and
+    for tiles of columns, with and without the leftovers past the last 32 values."""
+    rng = np.random.default_rng(500 + int(t))
+    for k, m, n, noncontig in FLOAT_CASES:
+        w, wbytes, _ = make_weights(t, rng.uniform(-1, 1, (1, 1, m, k)).astype(np.float32))
+        x = columns(rng, 1, 1, n, k, noncontig)
+        dst = M.mul_mat(w, t, x, np.empty((1, 1, n, m), np.float32))
+        g = ggml_mul_mat(wbytes, t, x)
+        assert np.array_equal(dst, g), (t.name, k, m, n, float(np.abs(dst - g).max()))
 
 
 def ggml_get_rows(w_bytes, t, k, m):

@@ -37,9 +37,10 @@ products of a decode step off the second thread). Prefill (many columns) is comp
 unpacking being shared by ``CT`` columns. No weight repacking is needed.
 
 Numerics: per (row, column), the arithmetic is exactly that of GGML's AVX2 ``vec_dot`` (same
-activation quantizer, same integer lanes, same FMA order): on an FMA machine every quantized
-weight type matches GGML's CPU backend bit for bit. Float types use FMA lanes in
-another order than GGML's (relative differences ~1e-7).
+activation quantizer or rounding, same integer lanes, same FMA order): on an FMA machine every
+weight type, F32, F16 and BF16 included, matches GGML's CPU backend bit for bit, whatever the
+number of columns or threads (GGML computes each (row, column) with one ``vec_dot`` call, and
+the GGML of ggml-python has no llamafile sgemm; vec_dot.py's float rows say how).
 
 Entry points: ``mul_mat(w, wtype, x, dst)``, and ``mul_mat_steps`` (the same as kernel calls
 for the CPU backend's plans: argument checks and scratch buffers once per graph, not per step).

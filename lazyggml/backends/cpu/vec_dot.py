@@ -65,7 +65,7 @@ from .quant import TABLE_F32_F16 as _F16
 from .quant import fp32_to_fp16 as _fp32_to_fp16
 from .simd import (bcast_half, bcast_pair, bf16x8_to_f32, bits_to_bytes, concat, crumb, dot4_acc,
                    f16x8_to_f32, fma, hadd_pairs, hi_half, lookup16, hsum_f32x4, hsum_f32x4_cols, hsum_f32x8,
-                   hsum_f32x8_cols, lane, lo_half, load_f32,
+                   hadd_f32x8_cols, hsum_f32x8_cols, lane, lo_half, load_f32,
                    load_f32x8, load_f32x16, load_i16x8, load_i16x16, load_i8x16, load_i8x32, load_u16, load_u32,
                    madd, madd_acc, maddubs, pick16, sext, splat_f32x4, splat_f32x8, splat_f32x16, splat_i8x32,
                    splat_i32x8, store_f32x8, store_f32x16, store_i16x16, to_f32, transpose_pairs, u32x4_to_i8x16, vabs, vadd, vand, vmul, vor,
@@ -1636,7 +1636,18 @@ def dot_cols_iq4_xs_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
 
 # ------------------------------------------------------------------------------------------------
 # Float rows. F32 weights: F32 activations. F16/BF16 weights: activations rounded to F16/BF16
-# first (GGML's vec_dot_type), then everything is float32 arithmetic on exact values.
+# first (GGML's vec_dot_type), then everything is float32 arithmetic on exact values, in the order
+# of GGML's ggml_vec_dot_f32 / _f16 / _bf16 (ggml-cpu/vec.cpp) as GCC builds them for AVX2 + FMA:
+#
+# * per 32 values, four 8-lane accumulators: vector j of the 32 is FMA'd into s_j (BF16's source
+#   says _mm256_add_ps(_mm256_mul_ps(...)), which GCC contracts into the same FMA);
+# * (s0 + s2) + (s1 + s3), then its 8 lanes: r = lo4 + hi4, then (r0 + r1) + (r2 + r3) for F32 and
+#   F16 (GGML_F32x8_REDUCE: two hadds), (r0 + r2) + (r1 + r3) for BF16 (movehl, movehdup);
+# * the values past the last multiple of 32 one at a time (``_float_tail``).
+#
+# GGML's mul_mat calls that vec_dot once per (row, column) whatever the shape or thread count (the
+# float types' ``nrows`` is 1, and ggml-python's GGML is built without llamafile's sgemm, which
+# would sum F16 in one 8-lane chain instead), so these are its bits for every float product.
 # ------------------------------------------------------------------------------------------------
 
 @njit(inline="always")
@@ -1661,98 +1672,97 @@ def _wscalar(x, o, kind):
 
 
 @njit(inline="always")
-def dot_float(n, x, y, yo, kind):
-    """One float weight row (kind 0/1/2 = F32/F16/BF16, bytes or typed) against the float32 column
-    at byte ``yo`` of y (the traits' ``vec_dot``). Per 64 values: two chains of 8-lane FMAs (even
-    and odd vectors), added; then the lanes, then a scalar tail. ``_float_tile`` does this very
-    arithmetic per (row, column) for 2 rows at once, for the matmul (so a column alone equals that
-    column among others, bit for bit)."""
-    ws = 4 if kind == 0 else 2
-    a = splat_f32x8(0.0)
-    n64 = n - n % 64
-    for i in range(0, n64, 64):
-        yb = yo + 4 * i
-        p = fma(_wload(x, ws * i, kind), load_f32x8(y, yb), a)
-        q = simd.vmul(_wload(x, ws * (i + 8), kind), load_f32x8(y, yb + 32))
-        p = fma(_wload(x, ws * (i + 16), kind), load_f32x8(y, yb + 64), p)
-        q = fma(_wload(x, ws * (i + 24), kind), load_f32x8(y, yb + 96), q)
-        p = fma(_wload(x, ws * (i + 32), kind), load_f32x8(y, yb + 128), p)
-        q = fma(_wload(x, ws * (i + 40), kind), load_f32x8(y, yb + 160), q)
-        p = fma(_wload(x, ws * (i + 48), kind), load_f32x8(y, yb + 192), p)
-        q = fma(_wload(x, ws * (i + 56), kind), load_f32x8(y, yb + 224), q)
-        a = vadd(p, q)
-    return _float_tail(n, n64, x, y, yo, kind, hsum_f32x8(a))
-
-
-@njit(inline="always")
-def _float_tail(n, n64, x, y, yo, kind, s):
-    ws = 4 if kind == 0 else 2
-    for i in range(n64, n):
-        s += _wscalar(x, ws * i, kind) * load_f32(y, yo + 4 * i)
-    return s
+def _float_tail(n, n32, x, y, yo, kind, s):
+    """GGML's leftovers: values n32..n of row x and the column at byte ``yo`` of y added to the
+    lanes' sum s one at a time. F16/BF16: in double (``ggml_float``; the products of two halves or
+    two bf16 are exact in float32), rounded to float32 at the end. F32: in float32, as GCC
+    vectorised that loop: groups of 4 products rounded, then added in order; the last
+    (n - n32) % 4 (all of them, when fewer than 4) fused into FMAs."""
+    if kind == 0:
+        first_fma = n - (n - n32) % 4 if n - n32 >= 4 else n32
+        for i in range(n32, n):
+            if i < first_fma:
+                s += load_f32(x, 4 * i) * load_f32(y, yo + 4 * i)
+            else:
+                s = fma(load_f32(x, 4 * i), load_f32(y, yo + 4 * i), s)
+        return s
+    d = np.float64(s)
+    for i in range(n32, n):
+        d += np.float64(_wscalar(x, 2 * i, kind) * load_f32(y, yo + 4 * i))
+    return np.float32(d)
 
 
 @njit(inline="always")
 def _fma6(x0, x1, wo, y, y0, y1, y2, kind, acc, nc):
     """Vector ``wo`` (byte offset) of rows x0, x1 times the same vector of columns y0..y2 (byte
     offsets into y), FMA'd into acc = (r0c0, r0c1, r0c2, r1c0, r1c1, r1c2); with ``nc`` 1 (a
-    literal), column y0 only, the other accumulators passed through."""
+    literal), column y0 only, the other accumulators passed through. Each column vector is used as
+    soon as it is loaded: with the three loaded first, LLVM spilled an accumulator in BF16's tiles
+    (whose weights take two instructions to decode), 14% slower."""
     w0 = _wload(x0, wo, kind)
     w1 = _wload(x1, wo, kind)
     v0 = load_f32x8(y, y0)
     if nc == 1:
         return (fma(w0, v0, acc[0]), acc[1], acc[2], fma(w1, v0, acc[3]), acc[4], acc[5])
-    v1, v2 = load_f32x8(y, y1), load_f32x8(y, y2)
-    return (fma(w0, v0, acc[0]), fma(w0, v1, acc[1]), fma(w0, v2, acc[2]),
-            fma(w1, v0, acc[3]), fma(w1, v1, acc[4]), fma(w1, v2, acc[5]))
+    a0, a3 = fma(w0, v0, acc[0]), fma(w1, v0, acc[3])
+    v1 = load_f32x8(y, y1)
+    a1, a4 = fma(w0, v1, acc[1]), fma(w1, v1, acc[4])
+    v2 = load_f32x8(y, y2)
+    return (a0, a1, fma(w0, v2, acc[2]), a3, a4, fma(w1, v2, acc[5]))
 
 
 @njit(inline="always")
-def _mul6(x0, x1, wo, y, y0, y1, y2, kind, nc):
-    w0 = _wload(x0, wo, kind)
-    w1 = _wload(x1, wo, kind)
-    v0 = load_f32x8(y, y0)
-    if nc == 1:
-        z = splat_f32x8(0.0)
-        return (simd.vmul(w0, v0), z, z, simd.vmul(w1, v0), z, z)
-    v1, v2 = load_f32x8(y, y1), load_f32x8(y, y2)
-    return (simd.vmul(w0, v0), simd.vmul(w0, v1), simd.vmul(w0, v2),
-            simd.vmul(w1, v0), simd.vmul(w1, v1), simd.vmul(w1, v2))
+def _add6(a, b):
+    return (vadd(a[0], b[0]), vadd(a[1], b[1]), vadd(a[2], b[2]),
+            vadd(a[3], b[3]), vadd(a[4], b[4]), vadd(a[5], b[5]))
+
+
+@njit(inline="always")
+def _float_pass(n32, x0, x1, y, y0, y1, y2, kind, nc, j, all4):
+    """GGML's accumulators of rows x0, x1 against the columns at byte offsets y0, y1, y2 (``nc`` 3)
+    or y0 alone (``nc`` 1), each as ``_fma6``'s 6-tuple: s_j + s_(j+2) (``j`` 0 or 1: vectors j and
+    j + 2 of each 32 values), and with ``all4`` (j 0) also s_1 + s_3, from the same pass."""
+    ws = 4 if kind == 0 else 2
+    z = splat_f32x8(0.0)
+    a = b = c = d = (z, z, z, z, z, z)
+    for i in range(8 * j, n32, 32):
+        a = _fma6(x0, x1, ws * i, y, y0 + 4 * i, y1 + 4 * i, y2 + 4 * i, kind, a, nc)
+        if all4:
+            c = _fma6(x0, x1, ws * (i + 8), y, y0 + 4 * i + 32, y1 + 4 * i + 32, y2 + 4 * i + 32, kind, c, nc)
+        b = _fma6(x0, x1, ws * (i + 16), y, y0 + 4 * i + 64, y1 + 4 * i + 64, y2 + 4 * i + 64, kind, b, nc)
+        if all4:
+            d = _fma6(x0, x1, ws * (i + 24), y, y0 + 4 * i + 96, y1 + 4 * i + 96, y2 + 4 * i + 96, kind, d, nc)
+    return _add6(a, b), _add6(c, d)
 
 
 @njit(inline="always")
 def _float_tile(n, x0, x1, y, y0, y1, y2, kind, nc):
-    """``dot_float`` of rows x0, x1 with the columns at byte offsets y0, y1, y2 (``nc`` 3), or with
-    y0 alone (``nc`` 1), as (r0c0, r0c1, r0c2, r1c0, r1c1, r1c2). Each weight vector is decoded
-    once for 3 columns and each column vector loaded once for 2 rows, so the 12 accumulator
-    registers see 6 FMAs per 5 loads (a row against one column at a time is bound by its loads: 2
-    per FMA); with one column, the two rows' four FMA chains hide each other's latency (a single
-    row's two chains left an F16 mat-vec at 0.9x GGML's speed, two rows at once 1.2x)."""
-    ws = 4 if kind == 0 else 2
-    z = splat_f32x8(0.0)
-    a = (z, z, z, z, z, z)
-    n64 = n - n % 64
-    for i in range(0, n64, 64):
-        o0, o1, o2 = y0 + 4 * i, y1 + 4 * i, y2 + 4 * i
-        w = ws * i
-        p = _fma6(x0, x1, w, y, o0, o1, o2, kind, a, nc)
-        q = _mul6(x0, x1, w + 8 * ws, y, o0 + 32, o1 + 32, o2 + 32, kind, nc)
-        p = _fma6(x0, x1, w + 16 * ws, y, o0 + 64, o1 + 64, o2 + 64, kind, p, nc)
-        q = _fma6(x0, x1, w + 24 * ws, y, o0 + 96, o1 + 96, o2 + 96, kind, q, nc)
-        p = _fma6(x0, x1, w + 32 * ws, y, o0 + 128, o1 + 128, o2 + 128, kind, p, nc)
-        q = _fma6(x0, x1, w + 40 * ws, y, o0 + 160, o1 + 160, o2 + 160, kind, q, nc)
-        p = _fma6(x0, x1, w + 48 * ws, y, o0 + 192, o1 + 192, o2 + 192, kind, p, nc)
-        q = _fma6(x0, x1, w + 56 * ws, y, o0 + 224, o1 + 224, o2 + 224, kind, q, nc)
-        a = (vadd(p[0], q[0]), vadd(p[1], q[1]), vadd(p[2], q[2]),
-             vadd(p[3], q[3]), vadd(p[4], q[4]), vadd(p[5], q[5]))
-    s00 = _float_tail(n, n64, x0, y, y0, kind, hsum_f32x8(a[0]))
-    s10 = _float_tail(n, n64, x1, y, y0, kind, hsum_f32x8(a[3]))
+    """GGML's vec_dot of rows x0, x1 with the columns at byte offsets y0, y1, y2 (``nc`` 3), or with
+    y0 alone (``nc`` 1), as (r0c0, r0c1, r0c2, r1c0, r1c1, r1c2). Three columns: each weight vector
+    is decoded once for 3 columns and each column vector loaded once for 2 rows, 6 FMAs per 5 loads
+    (a row against one column at a time is bound by its loads: 2 per FMA); GGML's four accumulators
+    of 6 dot products would take 24 registers, and AVX2 has 16, so the rows are walked twice, for
+    s0 + s2 and then s1 + s3, 12 accumulators each. One column: the two rows' four chains each, 8
+    accumulators, in one pass (walking the rows twice, the second time from L2, made a 4096 x
+    14336 mat-vec ~1.3x slower)."""
+    n32 = n - n % 32
+    if nc == 1:
+        p, q = _float_pass(n32, x0, x1, y, y0, y1, y2, kind, nc, 0, True)
+    else:
+        p = _float_pass(n32, x0, x1, y, y0, y1, y2, kind, nc, 0, False)[0]
+        q = _float_pass(n32, x0, x1, y, y0, y1, y2, kind, nc, 1, False)[0]
+    s = _add6(p, q)
+    # the lanes of the 6 sums reduced together (8 at once: the last one repeated)
+    if kind == 2:
+        r = hsum_f32x8_cols(s[0], s[1], s[2], s[3], s[4], s[5], s[5], s[5])
+    else:
+        r = hadd_f32x8_cols(s[0], s[1], s[2], s[3], s[4], s[5], s[5], s[5])
+    s00 = _float_tail(n, n32, x0, y, y0, kind, lane(r, 0))
+    s10 = _float_tail(n, n32, x1, y, y0, kind, lane(r, 3))
     if nc == 1:
         return (s00, s00, s00, s10, s10, s10)
-    return (s00, _float_tail(n, n64, x0, y, y1, kind, hsum_f32x8(a[1])),
-            _float_tail(n, n64, x0, y, y2, kind, hsum_f32x8(a[2])),
-            s10, _float_tail(n, n64, x1, y, y1, kind, hsum_f32x8(a[4])),
-            _float_tail(n, n64, x1, y, y2, kind, hsum_f32x8(a[5])))
+    return (s00, _float_tail(n, n32, x0, y, y1, kind, lane(r, 1)), _float_tail(n, n32, x0, y, y2, kind, lane(r, 2)),
+            s10, _float_tail(n, n32, x1, y, y1, kind, lane(r, 4)), _float_tail(n, n32, x1, y, y2, kind, lane(r, 5)))
 
 
 # the matmul's float kernels, by weight kind: 2 rows x 3 columns (``tile``) or x 1 column (``pair``)
@@ -1788,8 +1798,8 @@ def dot_pair_bf16(n, x0, x1, y, yo):
 
 @_fast
 def vec_dot_f32(n, x, y):
-    """Two F32 rows (bytes)."""
-    return dot_float(n, x, y, n - n, 0)
+    """Two F32 rows (bytes), as GGML's ggml_vec_dot_f32."""
+    return _float_tile(n, x, x, y, 0, 0, 0, 0, 1)[0]
 
 
 @_fast
@@ -1798,16 +1808,16 @@ def vec_dot_f16(n, x, y):
     yf = np.empty(n, np.float32)
     for i in range(n):
         yf[i] = _F16[load_u16(y, 2 * i)]
-    return dot_float(n, x, yf, n - n, 1)
+    return _float_tile(n, x, x, yf, 0, 0, 0, 1, 1)[0]
 
 
 @_fast
 def vec_dot_bf16(n, x, y):
-    """Two BF16 rows (bytes)."""
+    """Two BF16 rows (bytes), as GGML's ggml_vec_dot_bf16."""
     yf = np.empty(n, np.float32)
     for i in range(n):
         yf[i] = np.uint32(np.uint32(load_u16(y, 2 * i)) << 16).view(np.float32)
-    return dot_float(n, x, yf, n - n, 2)
+    return _float_tile(n, x, x, yf, 0, 0, 0, 2, 1)[0]
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
