@@ -24,7 +24,7 @@ import pytest
 import lazyggml as lg
 from lazyggml import quants
 from lazyggml.backend import backend_graph_compute, tensor_get, tensor_set
-from lazyggml.backends.cpu import backend_cpu_init
+from lazyggml.backends.cpu import backend_cpu_init, simd
 from lazyggml.op_cases import CASES, SEED, f32, new, nmse, run_case, to_bf16_bits
 
 F32, F16, BF16, I32 = lg.F32, lg.F16, lg.BF16, lg.I32
@@ -491,6 +491,9 @@ def test_graph_building_errors(op, thunk):
 # AVX2 one that lazyggml follows) and NORM's variance (summed in SIMD lanes, in an order that
 # depends on the build), compared by NMSE instead.
 # ===================================================================================================
+_EXP_BITS = not simd.HAVE_AVX512   # GGML's AVX2 exponentials, which lazyggml's CPU kernels follow
+
+
 def _ggml():
     import ggml   # ggml-python, the GGML oracle (the test extra installs it)
     return ggml
@@ -600,13 +603,24 @@ for _name in ("gelu", "gelu_quick"):
            _name)
 parity("geglu_split", [f32(96, 4, 3), f32(96, 4, 3)], [_rand(3, 4, 96, lo=-12, hi=12), _rand(3, 4, 96)],
        lg.geglu_split, "geglu_split")
-# not bit-identical: GGML's exp (AVX-512 build) and NORM's SIMD-lane variance sums differ in rounding
+# not bit-identical: NORM's SIMD-lane variance sums, in an order that depends on the build
 parity("norm", [f32(100, 4, 3)], [_rand(3, 4, 100)], lambda x: lg.norm(x, 1e-5), "norm", 1e-5, exact=False)
-parity("silu", [f32(100, 4, 3)], [_rand(3, 4, 100, lo=-5, hi=5)], lg.silu, "silu", exact=False)
-parity("swiglu", [f32(96, 4, 3)], [_rand(3, 4, 96, lo=-5, hi=5)], lg.swiglu, "swiglu", exact=False)
-parity("soft_max_ext f16 mask alibi", [f32(32, 5, 6, 2), (F16, (32, 8, 2))],
-       [_rand(2, 6, 5, 32, lo=-3, hi=3), lambda r: r.uniform(-1, 1, (2, 8, 32)).astype(np.float16)],
-       lambda x, m: lg.soft_max_ext(x, m, 0.3, 8.0), "soft_max_ext", 0.3, 8.0, exact=False)
+# GGML's exp: ggml_v_expf in runs of 8, libm's expf for a row's last n % 8, and SOFT_MAX's sum of each run of 8
+# in float32 before the double sum: bit-identical to an AVX2 build (an AVX-512 one runs 16 lanes, ulps apart)
+for _n in (96, 100):
+    parity(f"silu n={_n}", [f32(_n, 4, 3)], [_rand(3, 4, _n, lo=-5, hi=5)], lg.silu, "silu", exact=_EXP_BITS)
+    parity(f"swiglu n={_n}", [f32(_n, 4, 3)], [_rand(3, 4, _n, lo=-5, hi=5)], lg.swiglu, "swiglu", exact=_EXP_BITS)
+for _n in (64, 37, 5):
+    parity(f"soft_max n={_n}", [f32(_n, 5, 6, 2)], [_rand(2, 6, 5, _n, lo=-3, hi=3)], lg.soft_max, "soft_max",
+           exact=_EXP_BITS)
+    parity(f"soft_max_ext n={_n} f32 causal mask", [f32(_n, 5, 6, 2), f32(_n, 8)],
+           [_rand(2, 6, 5, _n, lo=-3, hi=3),
+            lambda r, n=_n: np.where(np.arange(n) <= n - 8 + np.arange(8)[:, None], r.uniform(-1, 0, (8, n)), -np.inf)
+            .astype(np.float32)],
+           lambda x, m: lg.soft_max_ext(x, m, 0.3, 0.0), "soft_max_ext", 0.3, 0.0, exact=_EXP_BITS)
+    parity(f"soft_max_ext n={_n} f16 mask alibi", [f32(_n, 5, 6, 2), (F16, (_n, 8, 2))],
+           [_rand(2, 6, 5, _n, lo=-3, hi=3), lambda r, n=_n: r.uniform(-1, 1, (2, 8, n)).astype(np.float16)],
+           lambda x, m: lg.soft_max_ext(x, m, 0.3, 8.0), "soft_max_ext", 0.3, 8.0, exact=_EXP_BITS)
 
 
 @pytest.mark.parametrize("name, specs, makers, build_lg, build_gg, exact", _PARITY, ids=[p[0] for p in _PARITY])

@@ -12,8 +12,8 @@ which GGML's SIMD paths use for these ops. LLVM vectorizes it, so a SILU row cos
 per element on one core instead of ~4 ns of libm ``expf``. It is bit for bit GGML's AVX2
 ``ggml_v_expf`` and ``ggml_v_silu`` (checked on 2M inputs, specials included, against them
 compiled with ``-mavx2 -mfma``); GGML's AVX-512 build uses a ``vscalefps`` variant that can differ
-by an ulp, and GGML computes a row's last ``n % 8`` elements with libm's ``expf``. SIGMOID, EXP and
-ELU use libm's ``expf`` / ``expm1f``, as GGML does for them.
+by an ulp. GGML computes a row's last ``n % 8`` elements with libm's ``expf`` (``ggml_silu_f32``), and
+so do these (``silu_libm``). SIGMOID, EXP and ELU use libm's ``expf`` / ``expm1f``, as GGML does for them.
 
 GELU, GELU_QUICK and GEGLU as GGML's CPU backend computes them by default (``GGML_GELU_FP16``,
 ``GGML_GELU_QUICK_FP16``): looked up in a table of the 65,536 fp16 values, indexed by the input
@@ -164,6 +164,12 @@ def silu(x):
 
 
 @_kernel
+def silu_libm(x):
+    """GGML's scalar ``ggml_silu_f32`` (libm's ``expf``), which its SIMD rows use past the last 8."""
+    return x / (_ONE + np.float32(math.exp(-x)))
+
+
+@_kernel
 def hardsigmoid(x):
     return min(_ONE, max(_ZERO, (x + _THREE) / _SIX))
 
@@ -205,8 +211,11 @@ def _unary_row(code, x, y, p0, p1, tab):
         for i in range(n):
             y[i] = gelu_quick(x[i], tab)
     elif code == _SILU:
-        for i in range(n):
+        n8 = n - n % 8
+        for i in range(n8):
             y[i] = silu(x[i])
+        for i in range(n8, n):
+            y[i] = silu_libm(x[i])
     elif code == _HARDSWISH:
         for i in range(n):
             y[i] = x[i] * hardsigmoid(x[i])
@@ -275,8 +284,11 @@ def _glu_row(code, x, g, y, tab):
         for i in range(n):
             y[i] = _ZERO if x[i] <= -_GELU_LIMIT else gelu(x[i], tab) * g[i]   # GGML's +0, not 0 * g
     else:
-        for i in range(n):
+        n8 = n - n % 8
+        for i in range(n8):
             y[i] = silu(x[i]) * g[i]
+        for i in range(n8, n):
+            y[i] = silu_libm(x[i]) * g[i]
 
 
 # -- kernels ----------------------------------------------------------------------------------------

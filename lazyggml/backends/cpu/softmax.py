@@ -4,8 +4,11 @@
 SOFT_MAX, per row (i1, i2, i3) of ``ne0`` elements: ``w = x*scale + slope*mask[i1, i2 % ne12,
 i3 % ne13]`` (the mask row is ``i1`` itself: ``mask.ne[1] >= ne1`` rows, broadcast over dims 2, 3),
 then ``y = exp(w - max(w)) / sum``, the sum accumulated in double and its inverse applied as a
-float32 factor; ``exp`` is GGML's vectorized ``ggml_v_expf`` (see elementwise.py). The mask may be
-F32 or F16 (read through its bits).
+float32 factor, in the order of GGML's AVX2 ``ggml_vec_soft_max_f32``: each run of 8 elements is
+``ggml_v_expf`` (see elementwise.py) summed in float32 as ``hsum`` adds (lo4 + hi4, then (0 + 2) +
+(1 + 3)) before it joins the double sum; the last ``ne0 % 8`` take libm's ``expf`` and join one by
+one (GGML's AVX-512 build sums runs of 16, so its last bits differ). The mask may be F32 or F16
+(read through its bits).
 
 ALiBi (``max_bias > 0``): head ``h = i2`` of ``n_head = ne02`` gets the slope ``m0^(h+1)`` if
 ``h < n_head_log2`` else ``m1^(2(h - n_head_log2) + 1)``, where ``n_head_log2`` is the largest power
@@ -18,6 +21,7 @@ DIAG_MASK_INF: ``y[i1, i0] = -inf`` where ``i0 > n_past + i1``, else ``x``.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from numba import njit
@@ -55,10 +59,16 @@ def soft_max(ch, nch, x, mask, mkind, has_mask, slopes, scale, dst):
         vmax = -np.float32(np.inf)
         for i in range(n0):
             vmax = vmax if vmax > yr[i] else yr[i]
-        for i in range(n0):   # apart from the sum, so that LLVM vectorizes it
+        n8 = n0 - n0 % 8
+        for i in range(n8):   # apart from the sum, so that LLVM vectorizes it
             yr[i] = v_expf(yr[i] - vmax)
         s = 0.0
-        for i in range(n0):
+        for i in range(0, n8, 8):   # GGML's AVX2 loop: each 8 summed in float32 (hsum's order)
+            h0, h1 = yr[i] + yr[i + 4], yr[i + 1] + yr[i + 5]
+            h2, h3 = yr[i + 2] + yr[i + 6], yr[i + 3] + yr[i + 7]
+            s += np.float64((h0 + h2) + (h1 + h3))
+        for i in range(n8, n0):     # ... and the last n0 % 8 with libm's expf
+            yr[i] = np.float32(math.exp(yr[i] - vmax))
             s += np.float64(yr[i])
         inv = np.float32(1.0 / s)
         for i in range(n0):
