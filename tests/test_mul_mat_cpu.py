@@ -23,12 +23,14 @@ import textwrap
 
 import numpy as np
 import pytest
+from numba import njit
 
 from lazyggml.backends.cpu import dispatch as D
 from lazyggml.backends.cpu import matmul as M
 from lazyggml.backends.cpu import quant as Q
 from lazyggml.backends.cpu import simd
 from lazyggml.backends.cpu import vec_dot as V
+from lazyggml.backends.cpu.common import KIND
 from lazyggml.backends.cpu.traits import TYPE_TRAITS_CPU, get_type_traits_cpu, types_with
 from lazyggml.types import Type, row_size, type_size, blck_size
 
@@ -44,6 +46,13 @@ ALL_TYPES = FLOAT_TYPES + QUANT_TYPES
 # unless it was built for AVX-512, whose float sums run 16 lanes wide (vec_dot.py's float rows).
 GGML_BITS = simd.HAVE_AVX2 and "fma" in simd._FEATURES
 GGML_FLOAT_BITS = GGML_BITS and not simd.HAVE_AVX512
+
+
+@pytest.fixture(autouse=True)
+def ggml_alone(monkeypatch):
+    """ggml-python's GGML is built without llamafile's sgemm: every float product in vec_dot's order
+    (matmul.LLAMAFILE off; the llamafile order, llama.cpp's default, has its own test below)."""
+    monkeypatch.setattr(M, "LLAMAFILE", False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,6 +201,56 @@ def test_float_mul_mat_is_ggml_bits(t):
         dst = M.mul_mat(w, t, x, np.empty((1, 1, n, m), np.float32))
         g = ggml_mul_mat(wbytes, t, x)
         assert np.array_equal(dst, g), (t.name, k, m, n, float(np.abs(dst - g).max()))
+
+
+@njit(cache=False)
+def _sgemm_ref(w, x, out):
+    """tinyBLAS's order (llamafile's sgemm on AVX2), plainly: per (row, column) eight float32 FMA
+    chains, lane l taking the values l, l + 8, ..., then r = lanes 0..3 + lanes 4..7 and
+    (r0 + r2) + (r1 + r3). w, x: float32 rows (weights and activations already in float32)."""
+    for c in range(x.shape[0]):
+        for r in range(w.shape[0]):
+            acc = np.zeros(8, np.float32)
+            for i in range(w.shape[1]):
+                acc[i % 8] = simd.fma(w[r, i], x[c, i], acc[i % 8])
+            h = np.empty(4, np.float32)
+            for j in range(4):
+                h[j] = acc[j] + acc[j + 4]
+            out[c, r] = (h[0] + h[2]) + (h[1] + h[3])
+
+
+@pytest.mark.parametrize("t", FLOAT_TYPES, ids=lambda t: t.name)
+def test_float_products_in_llamafile_order(t, monkeypatch):
+    """With matmul.LLAMAFILE (llama.cpp's build of GGML), a float product of 2 columns or more, k a
+    multiple of 8 and m of 4 (F32: contiguous activations), adds each dot product as tinyBLAS does
+    (``_sgemm_ref``), bit for bit, on activations rounded to the weight type; one column, or
+    another shape, stays in vec_dot's order (GGML then calls vec_dot)."""
+    monkeypatch.setattr(M, "LLAMAFILE", True)
+    rng = np.random.default_rng(700 + int(t))
+    for k, m, n, noncontig in [(2048, 96, 8, False), (2048, 96, 64, False), (64, 12, 2, False), (256, 20, 5, True)]:
+        w, _, deq = make_weights(t, rng.uniform(-1, 1, (1, 1, m, k)).astype(np.float32))
+        x = columns(rng, 1, 1, n, k, noncontig)
+        got = M.mul_mat(w, t, x, np.empty((1, 1, n, m), np.float32))
+        if t == Type.F32 and noncontig:
+            monkeypatch.setattr(M, "LLAMAFILE", False)
+            assert np.array_equal(got, M.mul_mat(w, t, x, np.empty((1, 1, n, m), np.float32)))
+            monkeypatch.setattr(M, "LLAMAFILE", True)
+            continue
+        xr = np.ascontiguousarray(x[0, 0])
+        if t != Type.F32:   # rounded to the weight type as GGML's vec_dot_type (matmul.round_acts)
+            M.round_acts(KIND[t], x, x4 := np.empty(x.shape, np.float32))
+            xr = x4[0, 0]
+        want = np.empty((n, m), np.float32)
+        _sgemm_ref(np.ascontiguousarray(deq[0, 0], np.float32), xr, want)
+        assert np.array_equal(got[0, 0], want), (t.name, k, m, n, float(np.abs(got[0, 0] - want).max()))
+    # one column, k not a multiple of 8, m not of 4: vec_dot's order, as with LLAMAFILE off
+    for k, m, n in [(2048, 96, 1), (100, 12, 4), (64, 10, 4)]:
+        w, _, _ = make_weights(t, rng.uniform(-1, 1, (1, 1, m, k)).astype(np.float32))
+        x = columns(rng, 1, 1, n, k, False)
+        got = M.mul_mat(w, t, x, np.empty((1, 1, n, m), np.float32))
+        monkeypatch.setattr(M, "LLAMAFILE", False)
+        assert np.array_equal(got, M.mul_mat(w, t, x, np.empty((1, 1, n, m), np.float32))), (t.name, k, m, n)
+        monkeypatch.setattr(M, "LLAMAFILE", True)
 
 
 def ggml_get_rows(w_bytes, t, k, m):

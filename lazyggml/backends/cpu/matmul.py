@@ -39,14 +39,16 @@ unpacking being shared by ``CT`` columns. No weight repacking is needed.
 Numerics: per (row, column), the arithmetic is exactly that of GGML's AVX2 ``vec_dot`` (same
 activation quantizer or rounding, same integer lanes, same FMA order): on an FMA machine every
 weight type, F32, F16 and BF16 included, matches GGML's CPU backend bit for bit, whatever the
-number of columns or threads (GGML computes each (row, column) with one ``vec_dot`` call, and
-the GGML of ggml-python has no llamafile sgemm; vec_dot.py's float rows say how).
+number of columns or threads (GGML computes each (row, column) with one ``vec_dot`` call;
+vec_dot.py's float rows say how). Float products of 2 columns or more follow llamafile's sgemm
+instead where GGML built with it (llama.cpp's build) would call it (``LLAMAFILE``).
 
 Entry points: ``mul_mat(w, wtype, x, dst)``, and ``mul_mat_steps`` (the same as kernel calls
 for the CPU backend's plans: argument checks and scratch buffers once per graph, not per step).
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import numba
@@ -109,6 +111,12 @@ PREFILL_CHUNKS_PER_THREAD = 4
 # one token over 256 cells): 4 heads (the embedded model's, 65536 multiply-adds) take 10.3 µs on
 # one thread and 14.4 µs on two; 12 heads 32.0 and 30.6 µs; 12 heads over 512 cells 58.2 and 45.0.
 FLOAT_PARALLEL_MIN_MACS = 1 << 17
+#: Float products of 2 columns or more in the order of llamafile's sgemm (tinyBLAS), as GGML adds
+#: them when built with GGML_LLAMAFILE, which llama.cpp turns on by default (so its F16 KV cache's
+#: attention without flash attention, and its F32/F16/BF16 weights' prompts, give these bits); off
+#: (``LAZYGGML_LLAMAFILE=0``), every product is GGML's vec_dot order, as GGML built alone
+#: (ggml-python) computes. Read when a graph's plan is made.
+LLAMAFILE = os.environ.get("LAZYGGML_LLAMAFILE", "1") != "0"
 
 
 # =================================================================================================
@@ -265,10 +273,11 @@ def dot_rows_float(kind, n, w, r0, r1, xf, yo, out):
 
 
 @_kernel
-def _task_float(kind, n, w4, xf, dst, t, RT, CT):
+def _task_float(kind, n, w4, xf, dst, t, RT, CT, sgemm):
     """One task of float weights: a single column two rows at a time (``dot_rows_float``), more
-    columns in tiles of 2 rows × 3 columns (``dot_tile_*``); at the edges a tile repeats its last
-    row or column and drops the repeats."""
+    columns in tiles of 2 rows × 3 columns (``dot_tile_*``, or ``dot_sgemm_*`` in llamafile's
+    order when ``sgemm``); at the edges a tile repeats its last row or column and drops the
+    repeats."""
     j3, j2, i3, i2, r0, r1, c0, nc = _task_geometry(t, w4, dst, RT, CT)
     ycs = 4 * n
     yo = ((i3 * dst.shape[1] + i2) * dst.shape[2] + c0) * ycs
@@ -279,7 +288,14 @@ def _task_float(kind, n, w4, xf, dst, t, RT, CT):
         xa, xb = w4[j3, j2, r], w4[j3, j2, min(r + 1, r1 - 1)]
         for c in range(0, nc, 3):
             ya, yb, yc = yo + c * ycs, yo + min(c + 1, nc - 1) * ycs, yo + min(c + 2, nc - 1) * ycs
-            if kind == KIND_F32:
+            if sgemm:
+                if kind == KIND_F32:
+                    s = V.dot_sgemm_f32(n, xa, xb, xf, ya, yb, yc)
+                elif kind == KIND_F16:
+                    s = V.dot_sgemm_f16(n, xa, xb, xf, ya, yb, yc)
+                else:
+                    s = V.dot_sgemm_bf16(n, xa, xb, xf, ya, yb, yc)
+            elif kind == KIND_F32:
                 s = V.dot_tile_f32(n, xa, xb, xf, ya, yb, yc)
             elif kind == KIND_F16:
                 s = V.dot_tile_f16(n, xa, xb, xf, ya, yb, yc)
@@ -292,9 +308,9 @@ def _task_float(kind, n, w4, xf, dst, t, RT, CT):
 
 
 @parallel_kernel
-def _float_chunk(c, nc, kind, n, w4, xf, dst, RT, CT):
+def _float_chunk(c, nc, kind, n, w4, xf, dst, RT, CT, sgemm):
     for t in chunk(_n_tasks(w4, dst, RT, CT), c, nc):
-        _task_float(kind, n, w4, xf, dst, t, RT, CT)
+        _task_float(kind, n, w4, xf, dst, t, RT, CT, sgemm)
 
 
 # =================================================================================================
@@ -387,6 +403,10 @@ def mul_mat_steps(w, wtype, x, dst, nth):
 
     if wtype in FLOAT_TYPES:
         steps = []
+        # llamafile's sgemm, where GGML would call it (llamafile_sgemm: n >= 2, k % 8 == 0, m % 4 == 0;
+        # F32 only on a contiguous src1, F16/BF16 on src1 converted to their type)
+        sgemm = LLAMAFILE and ne11 >= 2 and ne10 % 8 == 0 and ne01 % 4 == 0 and (
+            wtype != Type.F32 or x.flags.c_contiguous)
         if wtype == Type.F32:
             if w.dtype != np.float32:
                 raise ValueError("mul_mat: F32 weights must be float32")
@@ -404,7 +424,7 @@ def mul_mat_steps(w, wtype, x, dst, nth):
         if w.shape[3] != ne10 or w.strides[3] != w.itemsize:
             raise ValueError(f"mul_mat: weight rows must be {ne10} contiguous elements")
         nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth) if parallel else 1
-        steps.append(pool_step(_float_chunk, nc, KIND[wtype], ne10, w, xf.reshape(-1), dst, RT, CT))
+        steps.append(pool_step(_float_chunk, nc, KIND[wtype], ne10, w, xf.reshape(-1), dst, RT, CT, sgemm))
         return steps
 
     if w.dtype != np.uint8 or w.shape[3] != row_size(wtype, ne10) or w.strides[3] != 1:

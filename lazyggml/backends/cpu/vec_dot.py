@@ -1646,8 +1646,9 @@ def dot_cols_iq4_xs_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
 # * the values past the last multiple of 32 one at a time (``_float_tail``).
 #
 # GGML's mul_mat calls that vec_dot once per (row, column) whatever the shape or thread count (the
-# float types' ``nrows`` is 1, and ggml-python's GGML is built without llamafile's sgemm, which
-# would sum F16 in one 8-lane chain instead), so these are its bits for every float product.
+# float types' ``nrows`` is 1), so these are its bits for every float product, unless GGML was
+# built with llamafile's sgemm, as llama.cpp builds it: then products of 2 columns or more add in
+# tinyBLAS's order instead (``_sgemm_tile``; matmul.LLAMAFILE chooses).
 # ------------------------------------------------------------------------------------------------
 
 @njit(inline="always")
@@ -1765,7 +1766,39 @@ def _float_tile(n, x0, x1, y, y0, y1, y2, kind, nc):
             s10, _float_tail(n, n32, x1, y, y1, kind, lane(r, 4)), _float_tail(n, n32, x1, y, y2, kind, lane(r, 5)))
 
 
-# the matmul's float kernels, by weight kind: 2 rows x 3 columns (``tile``) or x 1 column (``pair``)
+@njit(inline="always")
+def _sgemm_tile(n, x0, x1, y, y0, y1, y2, kind):
+    """llamafile's tinyBLAS (``ggml-cpu/llamafile/sgemm.cpp``, AVX2: ``KN`` = 8), which GGML built
+    with GGML_LLAMAFILE (llama.cpp's default) runs for float products of 2 columns or more: each
+    dot product of rows x0, x1 with columns y0, y1, y2 is one 8-lane FMA chain over all ``n`` values
+    (a multiple of 8), then ``hsum``: r = lo4 + hi4, then (r0 + r2) + (r1 + r3). Same tuple as
+    ``_float_tile``; 6 accumulators, one pass."""
+    ws = 4 if kind == 0 else 2
+    z = splat_f32x8(0.0)
+    a = (z, z, z, z, z, z)
+    for i in range(0, n, 8):
+        a = _fma6(x0, x1, ws * i, y, y0 + 4 * i, y1 + 4 * i, y2 + 4 * i, kind, a, 3)
+    r = hsum_f32x8_cols(a[0], a[1], a[2], a[3], a[4], a[5], a[5], a[5])
+    return (lane(r, 0), lane(r, 1), lane(r, 2), lane(r, 3), lane(r, 4), lane(r, 5))
+
+
+# the matmul's float kernels, by weight kind: 2 rows x 3 columns (``tile``, vec_dot's order, or
+# ``sgemm``, tinyBLAS's) or x 1 column (``pair``)
+@_fast
+def dot_sgemm_f32(n, x0, x1, y, y0, y1, y2):
+    return _sgemm_tile(n, x0, x1, y, y0, y1, y2, 0)
+
+
+@_fast
+def dot_sgemm_f16(n, x0, x1, y, y0, y1, y2):
+    return _sgemm_tile(n, x0, x1, y, y0, y1, y2, 1)
+
+
+@_fast
+def dot_sgemm_bf16(n, x0, x1, y, y0, y1, y2):
+    return _sgemm_tile(n, x0, x1, y, y0, y1, y2, 2)
+
+
 @_fast
 def dot_tile_f32(n, x0, x1, y, y0, y1, y2):
     return _float_tile(n, x0, x1, y, y0, y1, y2, 0, 3)
