@@ -6,8 +6,9 @@
 For each file, with flash attention off and on, llama.cpp (llama-cpp-python, in a child process:
 ``tests/llama_cpp_oracle.py``) runs in two configurations, ``shipped`` (as a user runs it: repacked
 Q4_0/Q4_K/IQ4_NL weights, the tiled matmul for K-quant batches, llamafile's sgemm) and
-``reference`` (GGML's ``vec_dot`` kernels: no repack, ``GGML_CPU_TILED_MM=0``), against lazyggml
-on the CPU, same threads, same context:
+``reference`` (GGML's ``vec_dot`` kernels: no repack, ``GGML_CPU_TILED_MM=0``), each against lazyggml
+on the CPU in the same configuration (as shipped: its defaults; reference: ``repack=False`` and
+``tiled.TILED`` off), same threads, same context:
 
 * tokens: the prompt's token ids equal (yes/no);
 * logits: the prompt's logits, NMSE per position (max and median) and how many positions are
@@ -35,6 +36,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import lazyggml as lg  # noqa: E402
+from lazyggml.backends.cpu import tiled  # noqa: E402
 from lazyggml.testing import REAL_GGUF, real_gguf  # noqa: E402
 from llama_cpp_oracle import nmse, run_llama_cpp  # noqa: E402
 from run_info import cpu_model, git_commit  # noqa: E402
@@ -43,9 +45,10 @@ PROMPT = ("The quick brown fox jumps over the lazy dog. In the beginning God cre
           "earth. And the earth was without form, and void; and darkness was upon the face of the deep.")
 
 
-def ours(path, ids, fa, n_greedy, threads, n_ctx):
-    """lazyggml's prompt logits and its own greedy continuation."""
-    m = lg.load_model(path, n_ctx=n_ctx, n_threads=threads, flash_attn=fa)
+def ours(path, ids, fa, n_greedy, threads, n_ctx, config):
+    """lazyggml's prompt logits and its own greedy continuation in llama.cpp's ``config``."""
+    tiled.TILED = config == "shipped"
+    m = lg.load_model(path, n_ctx=n_ctx, n_threads=threads, flash_attn=fa, repack=config == "shipped")
     logits = m.eval(ids)
     gen, last = [], logits[-1]
     for _ in range(n_greedy):
@@ -88,8 +91,8 @@ def main():
                 res = run_llama_cpp(job, Path(work), tag)
                 g = res["greedy"][path][0]
                 theirs[config] = (np.load(os.path.join(work, tag + ".npy")), g["ids"], g["prompt_ids"])
-            logits, gen = ours(path, ids, fa, args.n_greedy, args.threads, args.n_ctx)
             for config, (ref, ref_gen, ref_ids) in theirs.items():
+                logits, gen = ours(path, ids, fa, args.n_greedy, args.threads, args.n_ctx, config)
                 per = [nmse(a, b) for a, b in zip(logits, ref)]
                 rows.append((os.path.basename(path), "on" if fa else "off", config, ids == ref_ids, max(per),
                              float(np.median(per)), sum(np.array_equal(a, b) for a, b in zip(logits, ref)), len(ids),

@@ -72,6 +72,12 @@ class Device:
         """A host buffer type this device can copy from and to quickly (pinned memory), or None."""
         return None
 
+    def get_extra_buffer_types(self):
+        """Buffer types a model loader offers a weight before ``get_buffer_type``, each with a
+        ``supports_op(node)`` of the node the weight is used in: GGML's ``ggml_backend_dev_get_extra_bufts``
+        (the CPU's CPU_REPACK). None by default."""
+        return []
+
     def buffer_from_host_ptr(self, data):
         """A buffer whose memory is ``data``, existing host memory (a ``uint8`` array the caller keeps
         alive, e.g. a mapped file), used in place: GGML's ``ggml_backend_dev_buffer_from_host_ptr``.

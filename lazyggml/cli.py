@@ -198,7 +198,7 @@ def _load(args, path, out=None):
     model = load_model(path, n_gpu_layers=args.n_gpu_layers, device=args.device, n_ctx=args.ctx_size,
                        n_threads=args.threads, progress=sys.stderr.isatty(), tensor_split=args.tensor_split,
                        n_batch=args.ubatch_size, flash_attn={"on": True, "off": False}.get(args.flash_attn),
-                       mmap=not args.no_mmap, rpc=args.rpc)
+                       mmap=not args.no_mmap, rpc=args.rpc, repack=not args.no_repack)
     # One decode step, then forgotten: on a first run it compiles the one-token kernels now, before
     # any output, instead of stalling after the first token (the prompt's kernels compile during
     # the prefill, which comes before any output too). Later runs load them in milliseconds.
@@ -459,6 +459,9 @@ def build_parser():
                         help="fused attention (FLASH_ATTN_EXT); auto: on when every layer's backend runs it")
         sp.add_argument("--no-mmap", action="store_true",
                         help="copy the CPU's weights into memory of their own instead of using the mapped file in place")
+        sp.add_argument("-nr", "--no-repack", action="store_true",
+                        help="keep the CPU's weights in plain buffers: their products add in GGML's vec_dot order "
+                             "instead of its repacked kernels' (llama.cpp's --no-repack)")
         sp.add_argument("-t", "--threads", type=_number(int, 1), default=None,
                         help="CPU threads (default and maximum: the CPUs this process may use; fewer while other programs keep CPUs busy)")
         sp.add_argument("--temp", type=_number(float, 0.0), default=0.8,

@@ -103,6 +103,29 @@ SWITCHES = [
                      "    for k in range(nc):\n"
                      "        dst[i3, i2, c0 + k, r1 - 1] = out[k]",
            tile_field="tile"),
+    Switch("tiled_tile", "tiled_cols", lambda: types_with("tiled_cols"),
+           "n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0", "_kernel",
+           "``dot_tile`` in the order of GGML's tiled matmul (``tiled.tiled_cols_*``), for the types it\n"
+           "    takes.",
+           body="for r in range(r0, r1):\n"
+                "    {kernel}(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)\n"
+                "    for k in range(nc):\n"
+                "        dst[i3, i2, c0 + k, r] = out[k]"),
+    Switch("repack_rows", "repack_dot", lambda: types_with("repack_dot"),
+           "n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c", "_kernel",
+           "``dot_rows`` of a repacked weight, in the order of GGML's repacked gemv\n"
+           "    (``repack.repack_dot_*``).",
+           body="for r in range(r0, r1):\n"
+                "    _prefetch_ahead(w4[j3, j2, r], 1)\n"
+                "    dst[i3, i2, c, r] = {kernel}(n, w4[j3, j2, r], y, yo)"),
+    Switch("repack_tile", "repack_cols", lambda: types_with("repack_cols"),
+           "n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, ngemm, acc, out, dst, i3, i2, c0", "_kernel",
+           "``dot_tile`` of a repacked weight: its first ``ngemm`` columns in the order of GGML's\n"
+           "    repacked gemm, the rest in its gemv's (``repack.repack_cols_*``).",
+           body="for r in range(r0, r1):\n"
+                "    {kernel}(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, ngemm, acc, out)\n"
+                "    for k in range(nc):\n"
+                "        dst[i3, i2, c0 + k, r] = out[k]"),
 ]
 
 HEADER = '''\
@@ -120,7 +143,9 @@ table has its branches). Jitted code cannot index the table by a run-time type i
 * ``quantize_chunk`` / ``dequantize_chunk``: whole contiguous rows (``convert.py``, ``rows.py``);
 * ``from_float``: the matmul's activation rows, to the weight type's vec_dot_type;
 * ``dot_rows`` / ``dot_tile``: a task of the matmul (``matmul._task_fast``): its rows against one
-  column (decode), or against a tile of columns.
+  column (decode), or against a tile of columns;
+* ``tiled_tile``, ``repack_rows`` / ``repack_tile``: the same in the orders of GGML's tiled matmul
+  and repacked weights (``tiled.py``, ``repack.py``), where the matmul takes those.
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from numba import njit
 from lazyggml.backends.cpu import dispatch as D
 from lazyggml.backends.cpu import matmul as M
 from lazyggml.backends.cpu import quant as Q
-from lazyggml.backends.cpu import simd
+from lazyggml.backends.cpu import simd, tiled
 from lazyggml.backends.cpu import vec_dot as V
 from lazyggml.backends.cpu.common import KIND
 from lazyggml.backends.cpu.traits import TYPE_TRAITS_CPU, get_type_traits_cpu, types_with
@@ -50,9 +50,11 @@ GGML_FLOAT_BITS = GGML_BITS and not simd.HAVE_AVX512
 
 @pytest.fixture(autouse=True)
 def ggml_alone(monkeypatch):
-    """ggml-python's GGML is built without llamafile's sgemm: every float product in vec_dot's order
-    (matmul.LLAMAFILE off; the llamafile order, llama.cpp's default, has its own test below)."""
+    """ggml-python's GGML is built without llamafile's sgemm and has no tiled matmul: every product in
+    vec_dot's order (matmul.LLAMAFILE and tiled.TILED off; llama.cpp's orders have their own tests,
+    below and in test_mul_mat_orders.py)."""
     monkeypatch.setattr(M, "LLAMAFILE", False)
+    monkeypatch.setattr(tiled, "TILED", False)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -208,7 +208,7 @@ class Model:
     ``archs.Arch``, ``hp`` its ``HParams``."""
 
     def __init__(self, path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
-                 tensor_split=None, n_batch=None, flash_attn=None, mmap=True, rpc=None):
+                 tensor_split=None, n_batch=None, flash_attn=None, mmap=True, rpc=None, repack=True):
         t0 = time.perf_counter()
         self.path = str(path)
         self.file = read_gguf(path)
@@ -253,16 +253,27 @@ class Model:
         where = {name: _place(name, info, backend_of(name), cpu) for name, info in infos.items()}
         types = {name: self._load_type(name, info, where[name]) for name, info in infos.items()}
         self._check_memory(types, infos, where, backend_of)
+        # llama.cpp's buffer type per weight: the first of its device's extra buffer types that runs
+        # the node the graph makes of it (the CPU's CPU_REPACK, unless ``repack`` is off:
+        # ``use_extra_bufts``), else the device's own
+        extras = cpu.device.get_extra_buffer_types() if repack else []
+        bufts = {}
+        for name, info in infos.items():
+            b = where[name]
+            use = _weight_use(name, types[name], info.ne) if b is cpu and extras else None
+            bufts[name] = next((bt for bt in extras if use is not None and bt.supports_op(use)),
+                               b.get_default_buffer_type())
         self.w = {}
         ctxs, maps, copied = {}, {}, []
         file_map = np.memmap(self.path, dtype=np.uint8, mode="c").view(np.ndarray) if mmap else None
         for name, info in infos.items():
-            b = where[name]
-            if mmap and b not in maps:   # private (copy-on-write) map: writable arrays, as kernels expect
-                maps[b] = b.device.buffer_from_host_ptr(file_map)
-            buf = maps.get(b)
+            b, bt = where[name], bufts[name]
+            if mmap and bt not in maps:   # private (copy-on-write) map: writable arrays, as kernels expect
+                maps[bt] = (b.device.buffer_from_host_ptr(file_map) if bt is b.get_default_buffer_type()
+                            else b.device.buffer_from_host_ptr(file_map, bt))
+            buf = maps.get(bt)
             in_place = buf is not None and types[name] == info.type and info.offset % buf.buft.get_alignment() == 0
-            t = ctxs.setdefault(None if in_place else b, Context()).new_tensor(types[name], info.ne)   # None: mapped
+            t = ctxs.setdefault(None if in_place else bt, Context()).new_tensor(types[name], info.ne)   # None: mapped
             t.name = name
             self.w[name] = t
             if in_place:
@@ -271,9 +282,9 @@ class Model:
             else:
                 copied.append((name, info))
         self.weight_buffers = [buf for buf in maps.values() if buf is not None and buf.usage == BufferUsage.WEIGHTS]
-        for b, ctx in ctxs.items():
-            if b is not None:
-                buf = alloc_ctx_tensors_from_buft(ctx, b.get_default_buffer_type())
+        for bt, ctx in ctxs.items():
+            if bt is not None:
+                buf = alloc_ctx_tensors_from_buft(ctx, bt)
                 buf.usage = BufferUsage.WEIGHTS
                 self.weight_buffers.append(buf)
         items = copied
@@ -557,7 +568,7 @@ class Model:
 
 
 def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
-               tensor_split=None, n_batch=None, flash_attn=None, mmap=True, rpc=None):
+               tensor_split=None, n_batch=None, flash_attn=None, mmap=True, rpc=None, repack=True):
     """Load a GGUF model of an architecture in ``archs.ARCHITECTURES`` (``lg.GGUFError`` if the
     file is malformed or unsupported).
 
@@ -570,7 +581,10 @@ def load_model(path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, pr
     place from the mapped file (llama.cpp's ``use_mmap``: held once, by the page cache); ``False``
     copies them into memory of their own (``--no-mmap``). ``rpc``: GGML RPC servers (``"host:port"``,
     a list or comma-separated): their devices come first among the devices layers are offloaded
-    to, as llama.cpp's ``--rpc`` puts them (``lg.rpc_add_server``)."""
+    to, as llama.cpp's ``--rpc`` puts them (``lg.rpc_add_server``). ``repack``: the CPU's weights
+    that llama.cpp would repack go to the CPU's CPU_REPACK buffer type, whose products add in the
+    order of GGML's repacked kernels (``backends/cpu/repack.py``), llama.cpp's default; ``False``
+    keeps them in plain CPU buffers, as ``--no-repack`` (``use_extra_bufts = false``)."""
     return Model(path, n_gpu_layers=n_gpu_layers, device=device, n_ctx=n_ctx, n_threads=n_threads,
                       progress=progress, tensor_split=tensor_split, n_batch=n_batch, flash_attn=flash_attn,
-                      mmap=mmap, rpc=rpc)
+                      mmap=mmap, rpc=rpc, repack=repack)

@@ -35,6 +35,7 @@ from ...buffer import BufferType, HostBuffer, Status
 from ...ops import EMPTY_OPS
 from .table import FORWARD, planning
 from . import pool, replay
+from .repack import RepackBufferType
 from .threads import ThreadGovernor
 
 FORWARD.load()   # the kernels register themselves; the CPU backend is always there
@@ -44,6 +45,7 @@ class CPUDevice(Device):
     def __init__(self):
         super().__init__("CPU", _cpu_description(), DeviceType.CPU)
         self._buft = BufferType("CPU", self, alignment=32, host=True)   # host memory (HostBuffer)
+        self._repack_buft = RepackBufferType(self)
 
     def memory(self):
         """(free, total) bytes of host memory. Free is Linux's MemAvailable (free pages plus the page
@@ -64,11 +66,18 @@ class CPUDevice(Device):
     def get_buffer_type(self):
         return self._buft
 
+    def get_extra_buffer_types(self):
+        """GGML's ``ggml_backend_dev_get_extra_bufts``: the buffer types a loader offers a weight
+        before the default one; the CPU's is CPU_REPACK (``repack.py``)."""
+        return [self._repack_buft]
+
     def supports_buft(self, buft):
         return buft.is_host()
 
-    def buffer_from_host_ptr(self, data):
-        return HostBuffer(self.get_buffer_type(), data.size, data)
+    def buffer_from_host_ptr(self, data, buft=None):
+        """Host memory that exists already (a mapped file), used in place, as a buffer of ``buft``
+        (the CPU's or its CPU_REPACK type; default the CPU's)."""
+        return HostBuffer(buft or self.get_buffer_type(), data.size, data)
 
     def supports_op(self, t):
         if t.op in EMPTY_OPS:

@@ -12,14 +12,16 @@ table has its branches). Jitted code cannot index the table by a run-time type i
 * ``quantize_chunk`` / ``dequantize_chunk``: whole contiguous rows (``convert.py``, ``rows.py``);
 * ``from_float``: the matmul's activation rows, to the weight type's vec_dot_type;
 * ``dot_rows`` / ``dot_tile``: a task of the matmul (``matmul._task_fast``): its rows against one
-  column (decode), or against a tile of columns.
+  column (decode), or against a tile of columns;
+* ``tiled_tile``, ``repack_rows`` / ``repack_tile``: the same in the orders of GGML's tiled matmul
+  and repacked weights (``tiled.py``, ``repack.py``), where the matmul takes those.
 """
 from __future__ import annotations
 
 from numba import njit
 
 from ...cache import tie_cache
-from . import quant, simd, vec_dot
+from . import quant, repack, simd, tiled, vec_dot
 
 _chunk = njit(cache=True, error_model="numpy")   # the options of quant.py's kernels
 _kernel = njit(cache=True)
@@ -290,6 +292,63 @@ def dot_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3,
                 dst[i3, i2, c0 + k, r] = out[k]
 
 
+@_kernel
+def tiled_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0):
+    """``dot_tile`` in the order of GGML's tiled matmul (``tiled.tiled_cols_*``), for the types it
+    takes."""
+    if tid == 10:  # Q2_K
+        for r in range(r0, r1):
+            tiled.tiled_cols_q2_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
+    elif tid == 11:  # Q3_K
+        for r in range(r0, r1):
+            tiled.tiled_cols_q3_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
+    elif tid == 12:  # Q4_K
+        for r in range(r0, r1):
+            tiled.tiled_cols_q4_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
+    elif tid == 13:  # Q5_K
+        for r in range(r0, r1):
+            tiled.tiled_cols_q5_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
+    elif tid == 14:  # Q6_K
+        for r in range(r0, r1):
+            tiled.tiled_cols_q6_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
+    elif tid == 23:  # IQ4_XS
+        for r in range(r0, r1):
+            tiled.tiled_cols_iq4_xs_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
+
+
+@_kernel
+def repack_rows(tid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c):
+    """``dot_rows`` of a repacked weight, in the order of GGML's repacked gemv
+    (``repack.repack_dot_*``)."""
+    if tid == 12:  # Q4_K
+        for r in range(r0, r1):
+            _prefetch_ahead(w4[j3, j2, r], 1)
+            dst[i3, i2, c, r] = repack.repack_dot_q4_K_q8_K(n, w4[j3, j2, r], y, yo)
+
+
+@_kernel
+def repack_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, ngemm, acc, out, dst, i3, i2, c0):
+    """``dot_tile`` of a repacked weight: its first ``ngemm`` columns in the order of GGML's
+    repacked gemm, the rest in its gemv's (``repack.repack_cols_*``)."""
+    if tid == 12:  # Q4_K
+        for r in range(r0, r1):
+            repack.repack_cols_q4_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, ngemm, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
+
+
 #: switch -> {type id: the kernel its branch calls}, in branch order
 SWITCHES = {
     "quantize_chunk": {
@@ -361,7 +420,21 @@ SWITCHES = {
         20: "vec_dot.dot_cols_iq4_nl_q8_0",  # IQ4_NL
         23: "vec_dot.dot_cols_iq4_xs_q8_K",  # IQ4_XS
     },
+    "tiled_tile": {
+        10: "tiled.tiled_cols_q2_K_q8_K",  # Q2_K
+        11: "tiled.tiled_cols_q3_K_q8_K",  # Q3_K
+        12: "tiled.tiled_cols_q4_K_q8_K",  # Q4_K
+        13: "tiled.tiled_cols_q5_K_q8_K",  # Q5_K
+        14: "tiled.tiled_cols_q6_K_q8_K",  # Q6_K
+        23: "tiled.tiled_cols_iq4_xs_q8_K",  # IQ4_XS
+    },
+    "repack_rows": {
+        12: "repack.repack_dot_q4_K_q8_K",  # Q4_K
+    },
+    "repack_tile": {
+        12: "repack.repack_cols_q4_K_q8_K",  # Q4_K
+    },
 }
 
 # the cache of every switch above also depends on the kernels' files (lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, quant.__file__, simd.__file__, vec_dot.__file__, __file__)
+tie_cache(globals(), simd.ISA, quant.__file__, repack.__file__, simd.__file__, tiled.__file__, vec_dot.__file__, __file__)

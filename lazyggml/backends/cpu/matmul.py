@@ -34,14 +34,17 @@ Decode (``ne11 <= 8``) is then a matrix-vector product parallel over weight rows
 it reads the weights once. A single column runs on the CPU backend's own pool (``pool.py``: a
 job's chunks of rows, ~0.5 µs a job, where an OpenMP region costs ~3 µs and took the small
 products of a decode step off the second thread). Prefill (many columns) is compute-bound and gains from the per-block
-unpacking being shared by ``CT`` columns. No weight repacking is needed.
+unpacking being shared by ``CT`` columns. No weight repacking is needed (repack.py follows the
+arithmetic of GGML's repacked weights, not their layout).
 
 Numerics: per (row, column), the arithmetic is exactly that of GGML's AVX2 ``vec_dot`` (same
 activation quantizer or rounding, same integer lanes, same FMA order): on an FMA machine every
 weight type, F32, F16 and BF16 included, matches GGML's CPU backend bit for bit, whatever the
 number of columns or threads (GGML computes each (row, column) with one ``vec_dot`` call;
-vec_dot.py's float rows say how). Float products of 2 columns or more follow llamafile's sgemm
-instead where GGML built with it (llama.cpp's build) would call it (``LLAMAFILE``).
+vec_dot.py's float rows say how). Where llama.cpp's build of GGML leaves vec_dot, so do these
+(``quant_path`` picks per product): float products of 2 columns or more follow llamafile's sgemm
+(``LLAMAFILE``), K-quant products of 8 columns or more its tiled matmul's order (``tiled.py``), and
+weights in a CPU_REPACK buffer its repacked gemv/gemm's (``repack.py``).
 
 Entry points: ``mul_mat(w, wtype, x, dst)``, and ``mul_mat_steps`` (the same as kernel calls
 for the CPU backend's plans: argument checks and scratch buffers once per graph, not per step).
@@ -62,7 +65,7 @@ from . import common
 from .table import address, current_scope, forward
 from . import dispatch as D
 from . import quant as Q
-from . import pool, simd
+from . import pool, repack, simd, tiled
 from . import vec_dot as V
 from .common import (FLOAT_TYPES, KIND, KIND_F16, KIND_F32, chunk, from_f32, parallel_kernel, pool_step, to_f32,
                      unravel_row)
@@ -198,26 +201,40 @@ def _n_tasks(w4, dst, RT, CT):
 
 # ---- quantized weights with a SIMD kernel ---------------------------------------------------------
 
+# The orders a quantized product can take (``mul_mat_steps`` picks one per product, as GGML would)
+PATH_VEC_DOT, PATH_TILED, PATH_REPACK = 0, 1, 2
+
+
 @_kernel
-def _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
+def _task_fast(kid, path, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
     """One task of a SIMD type; yq is block-major (see _quantize_rows). ``kid`` is the weight's
-    type id, for the generated switches ``dispatch.dot_rows`` / ``dot_cols`` (inlined here)."""
+    type id, for the generated switches of ``dispatch`` (inlined here); ``path`` the order."""
     j3, j2, i3, i2, r0, r1, c0, nc = _task_geometry(t, w4, dst, RT, CT)
     ne11 = dst.shape[2]
     yo = (i3 * dst.shape[1] + i2) * ne11 * rs + c0 * bsz
     if ne11 == 1:
         # a single column (decode): the register-only kernel, contiguous blocks, row by row
-        D.dot_rows(kid, n, w4, j3, j2, r0, r1, yq, yo, dst, i3, i2, c0)
+        if path == PATH_REPACK:
+            D.repack_rows(kid, n, w4, j3, j2, r0, r1, yq, yo, dst, i3, i2, c0)
+        else:
+            D.dot_rows(kid, n, w4, j3, j2, r0, r1, yq, yo, dst, i3, i2, c0)
         return
-    D.dot_tile(kid, n, w4, j3, j2, r0, r1, yq, yo, bsz, ne11 * bsz, nc, acc, tmp, dst, i3, i2, c0)
+    if path == PATH_TILED:
+        D.tiled_tile(kid, n, w4, j3, j2, r0, r1, yq, yo, bsz, ne11 * bsz, nc, acc, tmp, dst, i3, i2, c0)
+    elif path == PATH_REPACK:
+        # the batch's first ne11 - ne11 % 4 columns go through GGML's gemm (none of 2 or 3)
+        ngemm = min(max(ne11 - ne11 % 4 - c0, 0), nc)
+        D.repack_tile(kid, n, w4, j3, j2, r0, r1, yq, yo, bsz, ne11 * bsz, nc, ngemm, acc, tmp, dst, i3, i2, c0)
+    else:
+        D.dot_tile(kid, n, w4, j3, j2, r0, r1, yq, yo, bsz, ne11 * bsz, nc, acc, tmp, dst, i3, i2, c0)
 
 
 @parallel_kernel
-def _tasks_chunk(c, nc, kid, n, w4, yq, rs, bsz, dst, RT, CT, acc, tmp):
+def _tasks_chunk(c, nc, kid, path, n, w4, yq, rs, bsz, dst, RT, CT, acc, tmp):
     """Chunk c of nc of the tasks (a run of consecutive tasks, which share their column tile), in
     row c of ``acc`` / ``tmp``."""
     for t in chunk(_n_tasks(w4, dst, RT, CT), c, nc):
-        _task_fast(kid, n, w4, yq, rs, bsz, dst, t, RT, CT, acc[c], tmp[c])
+        _task_fast(kid, path, n, w4, yq, rs, bsz, dst, t, RT, CT, acc[c], tmp[c])
 
 
 # A single activation column (decode) runs on the CPU backend's own thread pool (pool.py), its rows
@@ -230,9 +247,9 @@ def _tasks_chunk(c, nc, kid, n, w4, yq, rs, bsz, dst, RT, CT, acc, tmp):
 # quantized (the plan's scope) and run ``_rows_chunk.run`` alone.
 
 @parallel_kernel
-def _rows_chunk(c, nc, kid, n, w4, yq, rs, dst):
+def _rows_chunk(c, nc, kid, path, n, w4, yq, rs, dst):
     """Chunk c of nc of a single column's product: its share of the rows of every batch, in one
-    ``dispatch.dot_rows`` call per batch."""
+    ``dispatch.dot_rows`` (``repack_rows``) call per batch."""
     ne13, ne12, ne01 = dst.shape[0], dst.shape[1], w4.shape[2]
     total = ne13 * ne12 * ne01
     lo, hi = c * total // nc, (c + 1) * total // nc
@@ -240,16 +257,19 @@ def _rows_chunk(c, nc, kid, n, w4, yq, rs, dst):
         b, r0 = lo // ne01, lo % ne01
         r1 = min(ne01, r0 + hi - lo)
         i3, i2 = b // ne12, b % ne12
-        D.dot_rows(kid, n, w4, i3 // (ne13 // w4.shape[0]), i2 // (ne12 // w4.shape[1]), r0, r1,
-                   yq, (i3 * ne12 + i2) * rs, dst, i3, i2, 0)
+        j3, j2 = i3 // (ne13 // w4.shape[0]), i2 // (ne12 // w4.shape[1])
+        if path == PATH_REPACK:
+            D.repack_rows(kid, n, w4, j3, j2, r0, r1, yq, (i3 * ne12 + i2) * rs, dst, i3, i2, 0)
+        else:
+            D.dot_rows(kid, n, w4, j3, j2, r0, r1, yq, (i3 * ne12 + i2) * rs, dst, i3, i2, 0)
         lo += r1 - r0
 
 
 @_kernel
-def _matvec(vtid, x4, xflat, kid, n, w4, yq, rs, bsz, dst, state, nc):
+def _matvec(vtid, x4, xflat, kid, path, n, w4, yq, rs, bsz, dst, state, nc):
     """The column quantized, then its rows in ``nc`` chunks on the pool (one chunk: this thread)."""
     _quantize_acts(vtid, x4, xflat, yq, rs, bsz)
-    pool.parallel_for(state, _rows_chunk, nc, (kid, n, w4, yq, rs, dst))
+    pool.parallel_for(state, _rows_chunk, nc, (kid, path, n, w4, yq, rs, dst))
 
 
 # ---- float weights --------------------------------------------------------------------------------
@@ -366,16 +386,29 @@ def tiles(ne01, ne11, nth):
     return min(PREFILL_RT, ne01), PREFILL_CT
 
 
-def mul_mat(w, wtype, x, dst):
+def mul_mat(w, wtype, x, dst, repacked=False):
     """dst = GGML mul_mat(w, x); see the module docstring for shapes. Returns dst."""
-    for kernel, args in mul_mat_steps(w, wtype, x, dst, numba.get_num_threads()):
+    for kernel, args in mul_mat_steps(w, wtype, x, dst, numba.get_num_threads(), repacked):
         kernel(*args)
     return dst
 
 
-def mul_mat_steps(w, wtype, x, dst, nth):
+def quant_path(wtype, ne11, repacked):
+    """The order GGML computes a product of ``ne11`` columns of ``wtype`` weights in: its repacked
+    kernels' where the weight is in a CPU_REPACK buffer (``repacked``), its tiled matmul's for 8
+    columns or more of the types it takes (``tiled.TILED``), else vec_dot's."""
+    traits = TYPE_TRAITS_CPU[wtype]
+    if repacked and traits.repack_dot is not None:
+        return PATH_REPACK
+    if tiled.TILED and ne11 >= tiled.TILED_MIN_COLS and traits.tiled_cols is not None:
+        return PATH_TILED
+    return PATH_VEC_DOT
+
+
+def mul_mat_steps(w, wtype, x, dst, nth, repacked=False):
     """The kernel calls ``[(kernel, args)]`` that compute ``mul_mat(w, x)`` into dst with ``nth``
-    threads: the arguments are checked and built here once, so that a plan can replay them."""
+    threads: the arguments are checked and built here once, so that a plan can replay them.
+    ``repacked``: the weight is in a CPU_REPACK buffer (``repack.py``)."""
     wtype = as_type(wtype)
     if wtype not in SUPPORTED_TYPES:
         raise NotImplementedError(f"mul_mat: no CPU kernel for {wtype.name} weights")
@@ -439,13 +472,15 @@ def mul_mat_steps(w, wtype, x, dst, nth):
     # products with the same input one after the other (Q, K and V; FFN gate and up) quantize it once
     key = (address(yq), yq.size, int(vt), address(x), x.shape, x.strides)
     done = scope is not None and scope.get("yq", key)
+    path = quant_path(wtype, ne11, repacked)
     if nrows_x == 1:   # a single column (decode): on the pool, quantized by the product's own call
-        rows = (int(wtype), ne10, w, yq, rs, dst, pool.get_pool().state, pool_chunks(macs, ne01 * ne12 * ne13, nth))
+        rows = (int(wtype), path, ne10, w, yq, rs, dst, pool.get_pool().state,
+                pool_chunks(macs, ne01 * ne12 * ne13, nth))
         if done:
-            return [(_rows_chunk.run, rows[6:] + rows[:6])]
+            return [(_rows_chunk.run, rows[7:] + rows[:7])]
         if scope is not None:
             scope.put("yq", key, (x,))
-        return [(_matvec, (int(vt), x, xflat) + rows[:4] + (rs, bsz) + rows[5:])]
+        return [(_matvec, (int(vt), x, xflat) + rows[:5] + (rs, bsz) + rows[6:])]
     # pool jobs (one chunk: on this thread), each chunk with its row of scratch
     nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth) if parallel else 1
     qc = min(nrows_x, PREFILL_CHUNKS_PER_THREAD * nth) if parallel else 1
@@ -454,7 +489,7 @@ def mul_mat_steps(w, wtype, x, dst, nth):
                                        thread_scratch("qrow", qc, -(-nrows_x // qc) * rs, np.uint8))]
     if steps and scope is not None:
         scope.put("yq", key, (x,))
-    steps.append(pool_step(_tasks_chunk, nc, int(wtype), ne10, w, yq, rs, bsz, dst, RT, CT,
+    steps.append(pool_step(_tasks_chunk, nc, int(wtype), path, ne10, w, yq, rs, bsz, dst, RT, CT,
                            thread_scratch("acc", nc, V.acc_floats(ne10, CT), np.float32),
                            thread_scratch("tmp", nc, 2 * CT, np.float32)))
     return steps
@@ -462,7 +497,7 @@ def mul_mat_steps(w, wtype, x, dst, nth):
 
 # the cache of every driver above also depends on these files (see lazyggml.cache.tie_cache)
 tie_cache(globals(), simd.ISA, simd.__file__, Q.__file__, V.__file__, D.__file__, common.__file__, pool.__file__,
-          __file__)
+          tiled.__file__, repack.__file__, __file__)
 
 
 def _mul_mat_supported(node):
@@ -473,4 +508,5 @@ def _mul_mat_supported(node):
 
 @forward(Op.MUL_MAT, supports=_mul_mat_supported)
 def _forward_mul_mat(node, dst, srcs):
-    return mul_mat_steps(srcs[0], node.src[0].type, srcs[1], dst, numba.get_num_threads())
+    return mul_mat_steps(srcs[0], node.src[0].type, srcs[1], dst, numba.get_num_threads(),
+                         repack.is_repacked(node.src[0]))

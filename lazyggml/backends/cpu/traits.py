@@ -36,6 +36,11 @@ Fields of ``TypeTraitsCpu`` (rows are raw bytes: ``uint8`` 1-D arrays in GGML's 
   the matmul (``dispatch.dot_tile``'s parameters), for a type that does work once per tile rather
   than once per row (Q4_K: its columns' min table); optional: other types call ``dot_cols`` row by
   row. Where a type has both, ``dot_cols2`` wins on CPUs with AVX-512BW.
+* ``tiled_cols(n, x, y, yo, ycs, ybs, nc, acc, out)``: ``dot_cols`` in the order of GGML's tiled
+  matmul (``tiled.py``), for the types it takes: products of 8 columns or more;
+* ``repack_dot(n, x, y, yo)`` and ``repack_cols(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out)``: ``dot``
+  and ``dot_cols`` in the order of GGML's repacked gemv / gemm (``repack.py``: the first ``ngemm``
+  columns the gemm's), for the types whose weights it repacks.
 
 Derived, not stored: ``blck_size`` and ``type_size`` (``types.py`` holds them, for every backend),
 ``fast`` (whether ``vec_dot`` is a SIMD kernel).
@@ -61,6 +66,8 @@ from numba import njit
 
 from ...types import Type, as_type, blck_size, type_size
 from . import quant as Q
+from . import repack as R
+from . import tiled as T
 from . import vec_dot as V
 
 
@@ -90,6 +97,9 @@ class TypeTraitsCpu:
     dot2: Optional[Callable] = None
     dot_cols2: Optional[Callable] = None
     tile: Optional[Callable] = None
+    tiled_cols: Optional[Callable] = None
+    repack_dot: Optional[Callable] = None
+    repack_cols: Optional[Callable] = None
 
     @property
     def blck_size(self) -> int:
@@ -114,10 +124,11 @@ def _float(t, from_float, to_float, vec_dot, vec_dot_ref):
 
 
 def _quant(t, vdt, from_float_ref, to_float, vec_dot=None, vec_dot_ref=None, dot=None, dot_cols=None,
-           from_float=None, dot2=None, dot_cols2=None, tile=None):
+           from_float=None, dot2=None, dot_cols2=None, tile=None, tiled_cols=None, repack_dot=None,
+           repack_cols=None):
     """A quantized type's row; ``from_float`` is the reference quantizer unless given."""
     return TypeTraitsCpu(t, vdt, from_float_ref, from_float or from_float_ref, to_float, vec_dot, vec_dot_ref,
-                         dot, dot_cols, dot2, dot_cols2, tile)
+                         dot, dot_cols, dot2, dot_cols2, tile, tiled_cols, repack_dot, repack_cols)
 
 
 _ROWS = [
@@ -138,22 +149,27 @@ _ROWS = [
     _quant(Type.Q8_1, Type.Q8_1, Q.quantize_row_q8_1, Q.dequantize_row_q8_1,
            from_float=V.quantize_row_q8_1_cpu),
     _quant(Type.Q2_K, Type.Q8_K, Q.quantize_row_q2_K, Q.dequantize_row_q2_K,
-           V.vec_dot_q2_K_q8_K, V.vec_dot_q2_K_q8_K_ref, V.dot_q2_K_q8_K, V.dot_cols_q2_K_q8_K),
+           V.vec_dot_q2_K_q8_K, V.vec_dot_q2_K_q8_K_ref, V.dot_q2_K_q8_K, V.dot_cols_q2_K_q8_K,
+           tiled_cols=T.tiled_cols_q2_K_q8_K),
     _quant(Type.Q3_K, Type.Q8_K, Q.quantize_row_q3_K, Q.dequantize_row_q3_K,
-           V.vec_dot_q3_K_q8_K, V.vec_dot_q3_K_q8_K_ref, V.dot_q3_K_q8_K, V.dot_cols_q3_K_q8_K),
+           V.vec_dot_q3_K_q8_K, V.vec_dot_q3_K_q8_K_ref, V.dot_q3_K_q8_K, V.dot_cols_q3_K_q8_K,
+           tiled_cols=T.tiled_cols_q3_K_q8_K),
     _quant(Type.Q4_K, Type.Q8_K, Q.quantize_row_q4_K, Q.dequantize_row_q4_K,
            V.vec_dot_q4_K_q8_K, V.vec_dot_q4_K_q8_K_ref, V.dot_q4_K_q8_K, V.dot_cols_q4_K_q8_K,
-           dot_cols2=V.dot_cols2_q4_K_q8_K, tile=V.tile_q4_K_q8_K),
+           dot_cols2=V.dot_cols2_q4_K_q8_K, tile=V.tile_q4_K_q8_K, tiled_cols=T.tiled_cols_q4_K_q8_K,
+           repack_dot=R.repack_dot_q4_K_q8_K, repack_cols=R.repack_cols_q4_K_q8_K),
     _quant(Type.Q5_K, Type.Q8_K, Q.quantize_row_q5_K, Q.dequantize_row_q5_K,
-           V.vec_dot_q5_K_q8_K, V.vec_dot_q5_K_q8_K_ref, V.dot_q5_K_q8_K, V.dot_cols_q5_K_q8_K),
+           V.vec_dot_q5_K_q8_K, V.vec_dot_q5_K_q8_K_ref, V.dot_q5_K_q8_K, V.dot_cols_q5_K_q8_K,
+           tiled_cols=T.tiled_cols_q5_K_q8_K),
     _quant(Type.Q6_K, Type.Q8_K, Q.quantize_row_q6_K, Q.dequantize_row_q6_K,
            V.vec_dot_q6_K_q8_K, V.vec_dot_q6_K_q8_K_ref, V.dot_q6_K_q8_K, V.dot_cols_q6_K_q8_K,
-           dot2=V.dot2_q6_K_q8_K, dot_cols2=V.dot_cols2_q6_K_q8_K),
+           dot2=V.dot2_q6_K_q8_K, dot_cols2=V.dot_cols2_q6_K_q8_K, tiled_cols=T.tiled_cols_q6_K_q8_K),
     _quant(Type.Q8_K, Type.Q8_K, Q.quantize_row_q8_K, Q.dequantize_row_q8_K),
     _quant(Type.IQ4_NL, Type.Q8_0, Q.quantize_row_iq4_nl, Q.dequantize_row_iq4_nl,
            V.vec_dot_iq4_nl_q8_0, V.vec_dot_iq4_nl_q8_0_ref, V.dot_iq4_nl_q8_0, V.dot_cols_iq4_nl_q8_0),
     _quant(Type.IQ4_XS, Type.Q8_K, Q.quantize_row_iq4_xs, Q.dequantize_row_iq4_xs,
-           V.vec_dot_iq4_xs_q8_K, V.vec_dot_iq4_xs_q8_K_ref, V.dot_iq4_xs_q8_K, V.dot_cols_iq4_xs_q8_K),
+           V.vec_dot_iq4_xs_q8_K, V.vec_dot_iq4_xs_q8_K_ref, V.dot_iq4_xs_q8_K, V.dot_cols_iq4_xs_q8_K,
+           tiled_cols=T.tiled_cols_iq4_xs_q8_K),
 ]
 
 #: type -> its ``TypeTraitsCpu``, in GGML's type-id order

@@ -548,8 +548,9 @@ def _k4_min_prod(mins, y, yb):
 
 
 @njit(inline="always")
-def _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc):
-    """Σ_s sc_s · Σ_{e in s} q[e]·q8[e] for one Q4_K/Q5_K block, as 8 int32 lanes. l_j/h_j are
+def _k4_sumi_parts(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc):
+    """Σ_s sc_s · Σ_{e in s} q[e]·q8[e] for one Q4_K/Q5_K block, as four vectors of 8 int32 lanes, part u
+    for sub-blocks 2u and 2u+1 (the 64 values GGML's repacked gemm adds at a time: repack.py). l_j/h_j are
     the 32 unsigned quants of sub-blocks 2j/2j+1; each maddubs multiplies 32 of them with 32 int8
     activations into 16 int16 pair sums, and madd weights those by the sub-block's scale into
     8 int32 lanes (madd_acc: accumulate in the same instruction with VNNI). ``sc``: the 8 scales
@@ -565,6 +566,13 @@ def _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc):
                   pick16(sc, 5, 5), maddubs(h2, widen_as(load_i8x32(y, yb + 164), l0)))
     s3 = madd_acc(madd(pick16(sc, 6, 6), maddubs(l3, widen_as(load_i8x32(y, yb + 196), l0))),
                   pick16(sc, 7, 7), maddubs(h3, widen_as(load_i8x32(y, yb + 228), l0)))
+    return s0, s1, s2, s3
+
+
+@njit(inline="always")
+def _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc):
+    """The four parts of ``_k4_sumi_parts`` added: the block's Σ_s sc_s · Σ q·q8 as 8 int32 lanes."""
+    s0, s1, s2, s3 = _k4_sumi_parts(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc)
     return vadd(vadd(s0, s1), vadd(s2, s3))
 
 
@@ -1365,6 +1373,53 @@ def _q3_hi(hb, k):
 
 
 @njit(inline="always")
+def _q3_K_scales(x, xb):
+    """The 16 six-bit scales of the Q3_K block at x[xb], minus 32, as <16 x i16> (GGML's kmask trick)."""
+    a0, a1, a2 = load_u32(x, xb + 96), load_u32(x, xb + 100), load_u32(x, xb + 104)
+    k2, k1 = 0x0F0F0F0F, 0x03030303
+    sc = u32x4_to_i8x16((a0 & k2) | ((a2 & k1) << 4), (a1 & k2) | (((a2 >> 2) & k1) << 4),
+                        ((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4), ((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4))
+    return sext(vsub(sc, simd.splat_i8x16(32)))
+
+
+@njit(inline="always")
+def _k23_unpack(x, i, q3):
+    """Block i of a Q2_K (``q3`` False) or Q3_K row: d, dmin (0 for Q3_K), its halves' scales
+    (``bcast_half``), Q2_K's mins, the hmask bytes of each half (zeros for Q2_K) and the eight
+    2-bit planes."""
+    if q3:
+        xb = i * Q3_K_SIZE
+        scales = _q3_K_scales(x, xb)
+        hb0 = load_i8x32(x, xb)
+        c0, c1, c2, c3 = _crumbs(x, xb + 32)
+        c4, c5, c6, c7 = _crumbs(x, xb + 64)
+        return (_F16[load_u16(x, xb + 108)], np.float32(0.0), bcast_half(scales, 0), bcast_half(scales, 1),
+                scales, hb0, vsrl(hb0, 4), c0, c1, c2, c3, c4, c5, c6, c7)
+    xb = i * Q2_K_SIZE
+    m4 = simd.splat_i8x16(0xF)
+    ms = load_i8x16(x, xb)
+    scales = sext(vand(ms, m4))
+    none = splat_i8x32(0)
+    c0, c1, c2, c3 = _crumbs(x, xb + 16)
+    c4, c5, c6, c7 = _crumbs(x, xb + 48)
+    return (_F16[load_u16(x, xb + 80)], _F16[load_u16(x, xb + 82)], bcast_half(scales, 0), bcast_half(scales, 1),
+            sext(vand(vsrl(ms, 4), m4)), none, none, c0, c1, c2, c3, c4, c5, c6, c7)
+
+
+@njit(inline="always")
+def _k23_sumi(c0, c1, c2, c3, c4, c5, c6, c7, hb0, hb1, q3, y, yb, sc0, sc1):
+    """A Q2_K/Q3_K block's Σ_s sc_s · Σ q·q8 (``_k23_unpack``'s pieces) as 8 int32 lanes."""
+    return vadd(_k23_half(c0, c1, c2, c3, hb0, q3, y, yb + 4, sc0),
+                _k23_half(c4, c5, c6, c7, hb1, q3, y, yb + 132, sc1))
+
+
+@njit(inline="always")
+def _k2_min_prod(mins, y, yb):
+    """Q2_K's Σ_s m_s·bsum_s of one block as 8 int32 lanes (madd of the 16 mins and bsums)."""
+    return madd(mins, load_i16x16(y, yb + 4 + QK_K))
+
+
+@njit(inline="always")
 def _k2_run(q, hi, q8):
     """maddubs(q, q8) − maddubs(hi, q8): 32 quants against their activations, as 16 int16 pair sums."""
     p = maddubs(q, q8)
@@ -1390,25 +1445,15 @@ def _k23_half(c0, c1, c2, c3, hb, q3, y, yo, sc):
 
 @_fast
 def dot_q2_K_q8_K(n, x, y, yo):
-    """GGML's AVX2 ggml_vec_dot_q2_K_q8_K."""
+    """GGML's AVX2 ggml_vec_dot_q2_K_q8_K: per block, the min term's FMA, then the quants'."""
     acc = splat_f32x8(0.0)
-    m4 = simd.splat_i8x16(0xF)
     for i in range(n // QK_K):
-        xb = i * Q2_K_SIZE
         yb = yo + i * Q8_K_SIZE
         yd = load_f32(y, yb)
-        d = yd * _F16[load_u16(x, xb + 80)]
-        dmin = -yd * _F16[load_u16(x, xb + 82)]
-        ms = load_i8x16(x, xb)
-        scales = sext(vand(ms, m4))
-        prod = madd(sext(vand(vsrl(ms, 4), m4)), load_i16x16(y, yb + 4 + QK_K))
-        acc = fma(splat_f32x8(dmin), to_f32(prod), acc)
-        c0, c1, c2, c3 = _crumbs(x, xb + 16)
-        c4, c5, c6, c7 = _crumbs(x, xb + 48)
-        none = splat_i8x32(0)
-        sumi = vadd(_k23_half(c0, c1, c2, c3, none, False, y, yb + 4, bcast_half(scales, 0)),
-                    _k23_half(c4, c5, c6, c7, none, False, y, yb + 132, bcast_half(scales, 1)))
-        acc = fma(splat_f32x8(d), to_f32(sumi), acc)
+        xd, xdmin, sc0, sc1, mins, hb0, hb1, c0, c1, c2, c3, c4, c5, c6, c7 = _k23_unpack(x, i, False)
+        acc = fma(splat_f32x8(-yd * xdmin), to_f32(_k2_min_prod(mins, y, yb)), acc)
+        acc = fma(splat_f32x8(yd * xd),
+                  to_f32(_k23_sumi(c0, c1, c2, c3, c4, c5, c6, c7, hb0, hb1, False, y, yb, sc0, sc1)), acc)
     return hsum_f32x8(acc)
 
 
@@ -1417,20 +1462,10 @@ def dot_q3_K_q8_K(n, x, y, yo):
     """GGML's AVX2 ggml_vec_dot_q3_K_q8_K."""
     acc = splat_f32x8(0.0)
     for i in range(n // QK_K):
-        xb = i * Q3_K_SIZE
         yb = yo + i * Q8_K_SIZE
-        d = load_f32(y, yb) * _F16[load_u16(x, xb + 108)]
-        a0, a1, a2 = load_u32(x, xb + 96), load_u32(x, xb + 100), load_u32(x, xb + 104)
-        k2, k1 = 0x0F0F0F0F, 0x03030303
-        sc = u32x4_to_i8x16((a0 & k2) | ((a2 & k1) << 4), (a1 & k2) | (((a2 >> 2) & k1) << 4),
-                            ((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4), ((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4))
-        scales = sext(vsub(sc, simd.splat_i8x16(32)))
-        hb = load_i8x32(x, xb)
-        c0, c1, c2, c3 = _crumbs(x, xb + 32)
-        c4, c5, c6, c7 = _crumbs(x, xb + 64)
-        sumi = vadd(_k23_half(c0, c1, c2, c3, hb, True, y, yb + 4, bcast_half(scales, 0)),
-                    _k23_half(c4, c5, c6, c7, vsrl(hb, 4), True, y, yb + 132, bcast_half(scales, 1)))
-        acc = fma(splat_f32x8(d), to_f32(sumi), acc)
+        xd, _, sc0, sc1, _, hb0, hb1, c0, c1, c2, c3, c4, c5, c6, c7 = _k23_unpack(x, i, True)
+        acc = fma(splat_f32x8(load_f32(y, yb) * xd),
+                  to_f32(_k23_sumi(c0, c1, c2, c3, c4, c5, c6, c7, hb0, hb1, True, y, yb, sc0, sc1)), acc)
     return hsum_f32x8(acc)
 
 
@@ -1447,44 +1482,16 @@ def _k23_cols(n, x, y, yo, ycs, ybs, nc, acc, out, q3):
     zero = splat_f32x8(0.0)
     for c in range(nc):
         store_f32x8(acc, 4 * ACC_PER_COL * c, zero)
-    m4 = simd.splat_i8x16(0xF)
-    xbs = Q3_K_SIZE if q3 else Q2_K_SIZE
     for i in range(n // QK_K):
-        xb = i * xbs
-        if q3:
-            xd = _F16[load_u16(x, xb + 108)]
-            a0, a1, a2 = load_u32(x, xb + 96), load_u32(x, xb + 100), load_u32(x, xb + 104)
-            k2, k1 = 0x0F0F0F0F, 0x03030303
-            sc = u32x4_to_i8x16((a0 & k2) | ((a2 & k1) << 4), (a1 & k2) | (((a2 >> 2) & k1) << 4),
-                                ((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4),
-                                ((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4))
-            scales = sext(vsub(sc, simd.splat_i8x16(32)))
-            mins = scales
-            xdmin = np.float32(0.0)
-            hb0 = load_i8x32(x, xb)
-            hb1 = vsrl(hb0, 4)
-            c0, c1, c2, c3 = _crumbs(x, xb + 32)
-            c4, c5, c6, c7 = _crumbs(x, xb + 64)
-        else:
-            xd = _F16[load_u16(x, xb + 80)]
-            xdmin = _F16[load_u16(x, xb + 82)]
-            ms = load_i8x16(x, xb)
-            scales = sext(vand(ms, m4))
-            mins = sext(vand(vsrl(ms, 4), m4))
-            hb0 = hb1 = splat_i8x32(0)
-            c0, c1, c2, c3 = _crumbs(x, xb + 16)
-            c4, c5, c6, c7 = _crumbs(x, xb + 48)
-        sc0, sc1 = bcast_half(scales, 0), bcast_half(scales, 1)
+        xd, xdmin, sc0, sc1, mins, hb0, hb1, c0, c1, c2, c3, c4, c5, c6, c7 = _k23_unpack(x, i, q3)
         for c in range(nc):
             yb = yo + c * ycs + i * ybs
             yd = load_f32(y, yb)
             a = load_f32x8(acc, 4 * ACC_PER_COL * c)
             if not q3:
-                prod = madd(mins, load_i16x16(y, yb + 4 + QK_K))
-                a = fma(splat_f32x8(-yd * xdmin), to_f32(prod), a)
-            s0 = _k23_half(c0, c1, c2, c3, hb0, q3, y, yb + 4, sc0)
-            s1 = _k23_half(c4, c5, c6, c7, hb1, q3, y, yb + 132, sc1)
-            a = fma(splat_f32x8(yd * xd), to_f32(vadd(s0, s1)), a)
+                a = fma(splat_f32x8(-yd * xdmin), to_f32(_k2_min_prod(mins, y, yb)), a)
+            a = fma(splat_f32x8(yd * xd),
+                    to_f32(_k23_sumi(c0, c1, c2, c3, c4, c5, c6, c7, hb0, hb1, q3, y, yb, sc0, sc1)), a)
             store_f32x8(acc, 4 * ACC_PER_COL * c, a)
     _col_sums(acc, 4 * ACC_PER_COL, -1, nc, out)
 
@@ -1552,22 +1559,29 @@ def _iq4_xs_dot(n, x, y, yo, ybs):
     for i in range(n // QK_K):
         xb = i * IQ4_XS_SIZE
         yb = yo + i * ybs
-        sh = np.int32(load_u16(x, xb + 2))
-        s1 = splat_i32x8(0)
-        s2 = splat_i32x8(0)
-        for ib in range(0, 8, 2):
-            q1 = _iq4_levels(x, xb + 8 + 16 * ib)
-            q2 = _iq4_levels(x, xb + 24 + 16 * ib)
-            p1 = maddubs(vabs(q1), vsign(load_i8x32(y, yb + 4 + 32 * ib), q1))
-            p2 = maddubs(vabs(q2), vsign(load_i8x32(y, yb + 36 + 32 * ib), q2))
-            sl = np.int32(x[xb + 4 + ib // 2])
-            ls1 = ((sl & 0xF) | ((sh << 4) & 0x30)) - 32
-            ls2 = ((sl >> 4) | ((sh << 2) & 0x30)) - 32
-            sh >>= 4
-            s1 = vadd(madd(p1, simd.splat_i16x16(ls1)), s1)
-            s2 = vadd(madd(p2, simd.splat_i16x16(ls2)), s2)
-        acc = fma(splat_f32x8(_F16[load_u16(x, xb)] * load_f32(y, yb)), to_f32(vadd(s1, s2)), acc)
+        acc = fma(splat_f32x8(_F16[load_u16(x, xb)] * load_f32(y, yb)), to_f32(_iq4_xs_sumi(x, xb, y, yb)), acc)
     return hsum_f32x8(acc)
+
+
+@njit(inline="always")
+def _iq4_xs_sumi(x, xb, y, yb):
+    """The IQ4_XS block at x[xb] against the Q8_K block at y[yb]: Σ_s (ls_s − 32) · Σ level·q8 as 8
+    int32 lanes, two chains (even and odd sub-blocks) as GGML's."""
+    sh = np.int32(load_u16(x, xb + 2))
+    s1 = splat_i32x8(0)
+    s2 = splat_i32x8(0)
+    for ib in range(0, 8, 2):
+        q1 = _iq4_levels(x, xb + 8 + 16 * ib)
+        q2 = _iq4_levels(x, xb + 24 + 16 * ib)
+        p1 = maddubs(vabs(q1), vsign(load_i8x32(y, yb + 4 + 32 * ib), q1))
+        p2 = maddubs(vabs(q2), vsign(load_i8x32(y, yb + 36 + 32 * ib), q2))
+        sl = np.int32(x[xb + 4 + ib // 2])
+        ls1 = ((sl & 0xF) | ((sh << 4) & 0x30)) - 32
+        ls2 = ((sl >> 4) | ((sh << 2) & 0x30)) - 32
+        sh >>= 4
+        s1 = vadd(madd(p1, simd.splat_i16x16(ls1)), s1)
+        s2 = vadd(madd(p2, simd.splat_i16x16(ls2)), s2)
+    return vadd(s1, s2)
 
 
 @_fast

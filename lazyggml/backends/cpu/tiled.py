@@ -1,0 +1,139 @@
+"""GGML's tiled matmul (``ggml-cpu/tiled``): the order in which it adds a quantized product.
+
+llama.cpp's GGML computes a product of 8 activation columns or more (``src1->ne[1] >= 8``) whose
+weights are K-quants or IQ types (here: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) and not repacked
+(``repack.py``) through its tiled matmul, on by default (``GGML_CPU_TILED_MM=0`` turns it off).
+Its integer work is vec_dot's (the same Q8_K activations, exact sums), but its AVX2 micro-kernel
+finishes each (row, column, super-block) on its own, where vec_dot keeps 8 float lanes of
+``d·d8·sumi`` across the blocks and adds them up at the end:
+
+    s1 = Σ_s scale_s · Σ_{e in s} q[e]·q8[e]        exact, one int32 (Q6_K, Q3_K: signed quants)
+    s2 = Σ_s min_s · bsum_s                          exact (the types with mins: Q2_K, Q4_K, Q5_K)
+    res = d · float(s1)                              float32
+    res = fma(−dmin, float(s2), res)                 (the types with mins)
+    buf = fma(res, d8, buf)                          buf starts at 0; blocks in order
+
+(``tiled_run_microtile_avx2``: ``_mm256_mul_ps(d0, cvt(s1))``, ``_mm256_fnmadd_ps(dmin0, cvt(s2),
+res)``, ``_mm256_fmadd_ps(res, d8, buf)``, 8 columns per vector, the same per column). The kernels
+here are vec_dot.py's integer pieces (unpacked once per block for all columns) with those float
+steps, per column: one weight row against ``nc`` columns, ``dot_cols``' parameters. The matmul
+takes them where GGML would (``TILED``; off: vec_dot's order, as GGML built alone, ggml-python,
+computes every product).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from numba import njit
+
+from ...cache import tie_cache
+from . import simd
+from . import vec_dot as V
+from .quant import TABLE_F32_F16 as _F16
+from .simd import bcast_half, hsum_i32, load_f32, load_i8x16, load_u16, sext
+from .vec_dot import QK_K, Q4_K_SIZE, Q5_K_SIZE, Q6_K_SIZE, IQ4_XS_SIZE, _fmaf
+
+_fast = njit(cache=True)
+
+#: Quantized products of TILED_MIN_COLS columns or more in the tiled order, as llama.cpp's GGML
+#: computes them (``ggml_tiled_min_batch``); off (``LAZYGGML_TILED_MM=0``, as
+#: ``GGML_CPU_TILED_MM=0``), vec_dot's order. Read when a graph's plan is made.
+TILED = os.environ.get("LAZYGGML_TILED_MM", "1") != "0"
+TILED_MIN_COLS = 8
+
+
+@njit(inline="always")
+def _step(buf, d, dmin, s1, s2, d8, has_min):
+    """One super-block of one (row, column) added to ``buf`` in the tiled kernel's order."""
+    res = d * np.float32(s1)
+    if has_min:
+        res = _fmaf(-dmin, np.float32(s2), res)
+    return _fmaf(res, d8, buf)
+
+
+@njit(inline="always")
+def _k4_cols(n, x, y, yo, ycs, ybs, nc, acc, out, q5):
+    """Q4_K (``q5`` False) and Q5_K."""
+    acc[:nc] = 0
+    for i in range(n // QK_K):
+        xb = i * (Q5_K_SIZE if q5 else Q4_K_SIZE)
+        xd, xdmin, ms, mins = V._k4_head(x, xb)
+        if q5:
+            l0, h0, l1, h1, l2, h2, l3, h3 = V._q5_K_unpack(x, xb)
+        else:
+            l0, h0, l1, h1, l2, h2, l3, h3 = V._q4_K_unpack(x, xb)
+        sc = bcast_half(ms, 0)
+        for c in range(nc):
+            yb = yo + c * ycs + i * ybs
+            s1 = hsum_i32(V._k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc))
+            s2 = hsum_i32(V._k4_min_prod(mins, y, yb))
+            acc[c] = _step(acc[c], xd, xdmin, s1, s2, load_f32(y, yb), True)
+    out[:nc] = acc[:nc]
+
+
+@_fast
+def tiled_cols_q4_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
+    _k4_cols(n, x, y, yo, ycs, ybs, nc, acc, out, False)
+
+
+@_fast
+def tiled_cols_q5_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
+    _k4_cols(n, x, y, yo, ycs, ybs, nc, acc, out, True)
+
+
+@_fast
+def tiled_cols_q6_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
+    acc[:nc] = 0
+    for i in range(n // QK_K):
+        xb = i * Q6_K_SIZE
+        xd = _F16[load_u16(x, xb + 208)]
+        sc16 = sext(load_i8x16(x, xb + 192))
+        a0, a1, a2, a3 = V._q6_K_unpack(x, xb, 0)
+        b0, b1, b2, b3 = V._q6_K_unpack(x, xb, 1)
+        for c in range(nc):
+            yb = yo + c * ycs + i * ybs
+            s1 = hsum_i32(V._q6_K_sumi(y, yb, a0, a1, a2, a3, b0, b1, b2, b3, sc16))
+            acc[c] = _step(acc[c], xd, xd, s1, 0, load_f32(y, yb), False)
+    out[:nc] = acc[:nc]
+
+
+@njit(inline="always")
+def _k23_cols(n, x, y, yo, ycs, ybs, nc, acc, out, q3):
+    """Q2_K (``q3`` False) and Q3_K."""
+    acc[:nc] = 0
+    for i in range(n // QK_K):
+        xd, xdmin, sc0, sc1, mins, hb0, hb1, c0, c1, c2, c3, c4, c5, c6, c7 = V._k23_unpack(x, i, q3)
+        for c in range(nc):
+            yb = yo + c * ycs + i * ybs
+            s1 = hsum_i32(V._k23_sumi(c0, c1, c2, c3, c4, c5, c6, c7, hb0, hb1, q3, y, yb, sc0, sc1))
+            s2 = 0 if q3 else hsum_i32(V._k2_min_prod(mins, y, yb))
+            acc[c] = _step(acc[c], xd, xdmin, s1, s2, load_f32(y, yb), not q3)
+    out[:nc] = acc[:nc]
+
+
+@_fast
+def tiled_cols_q2_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
+    _k23_cols(n, x, y, yo, ycs, ybs, nc, acc, out, False)
+
+
+@_fast
+def tiled_cols_q3_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
+    _k23_cols(n, x, y, yo, ycs, ybs, nc, acc, out, True)
+
+
+@_fast
+def tiled_cols_iq4_xs_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
+    acc[:nc] = 0
+    for i in range(n // QK_K):
+        xb = i * IQ4_XS_SIZE
+        xd = _F16[load_u16(x, xb)]
+        for c in range(nc):
+            yb = yo + c * ycs + i * ybs
+            s1 = hsum_i32(V._iq4_xs_sumi(x, xb, y, yb))
+            acc[c] = _step(acc[c], xd, xd, s1, 0, load_f32(y, yb), False)
+    out[:nc] = acc[:nc]
+
+
+# the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, __file__)
