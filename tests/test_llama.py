@@ -545,7 +545,9 @@ def test_logits_split_over_two_devices(two_layer_model, deferred):
     micro-batches whose early batches are queued without waiting, and then token by token."""
     from lazyggml.testing import StandInDevice
     toks = _tokens(64 * 2 + 20, 300, SEED + 11)
-    cpu = lg.load_model(two_layer_model)
+    # the stand-ins run the CPU's kernels on their own plain buffers: the CPU's reference keeps its
+    # weights in plain buffers too (no CPU_REPACK, whose products add in another order)
+    cpu = lg.load_model(two_layer_model, repack=False)
     ref = [cpu.eval(toks, logits_all=False)] + [cpu.eval([t]) for t in toks[:3]]
     devs = [StandInDevice("DEV0", deferred), StandInDevice("DEV1", deferred)]
     assert lg.load_model(two_layer_model, n_gpu_layers=3, device=devs).n_batch == 256   # N_BATCH_GPU, capped
@@ -578,7 +580,7 @@ def test_offloaded_experts_copy_only_those_the_batch_uses(tmp_path, monkeypatch,
                            head_dim=16, n_ff=128, n_ff_exp=32, n_expert=64, n_expert_used=2, n_vocab=300, n_ctx=128,
                            seed=SEED)
     toks = _tokens(64, 300, SEED + 12)
-    cpu = lg.load_model(path)
+    cpu = lg.load_model(path, repack=False)   # as the stand-in's plain buffers (see above)
     ref = np.concatenate([cpu.eval(toks[:32]), cpu.eval(toks[32:])])
     copies = []
     monkeypatch.setattr(sched, "tensor_set_async", lambda b, t, data, off, n, f=sched.tensor_set_async:

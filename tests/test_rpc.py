@@ -100,7 +100,9 @@ def models(tmp_path_factory):
 
 
 def _local(path, flash_attn=False):
-    m = lg.load_model(path, n_ctx=N_CTX, n_threads=2, flash_attn=flash_attn)
+    """The local run, its weights in plain CPU buffers as a server's (GGML's rpc-server offers no
+    extra buffer types, so nothing there is repacked: repack.py)."""
+    m = lg.load_model(path, n_ctx=N_CTX, n_threads=2, flash_attn=flash_attn, repack=False)
     return m.eval(TOKENS), [m.eval([t])[-1] for t in TOKENS[:3]]
 
 
