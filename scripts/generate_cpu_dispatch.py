@@ -110,7 +110,8 @@ SWITCHES = [
            body="for r in range(r0, r1):\n"
                 "    {kernel}(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)\n"
                 "    for k in range(nc):\n"
-                "        dst[i3, i2, c0 + k, r] = out[k]"),
+                "        dst[i3, i2, c0 + k, r] = out[k]",
+           tile_field="tile_tiled"),
     Switch("repack_rows", "repack_dot", lambda: types_with("repack_dot"),
            "n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c", "_kernel",
            "``dot_rows`` of a repacked weight, in the order of GGML's repacked gemv\n"
@@ -125,7 +126,8 @@ SWITCHES = [
            body="for r in range(r0, r1):\n"
                 "    {kernel}(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, ngemm, acc, out)\n"
                 "    for k in range(nc):\n"
-                "        dst[i3, i2, c0 + k, r] = out[k]"),
+                "        dst[i3, i2, c0 + k, r] = out[k]",
+           tile_field="tile_repack"),
 ]
 
 HEADER = '''\

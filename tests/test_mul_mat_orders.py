@@ -127,16 +127,43 @@ def test_tiled_order(t, monkeypatch):
     assert np.array_equal(a, b)
 
 
+def oracle_b32(t, wq, X):
+    """dst (n, m) for repacked Q4_0 / IQ4_NL weights: per 32-value block the exact Σ q·q8 (from the
+    dequantizer with d = 1), one chain A = fma(s, d·d8, A), gemm and gemv alike."""
+    m, n, k = wq.shape[0], X.shape[0], X.shape[1]
+    out = np.empty((n, m), np.float32)
+    for c in range(n):
+        y = np.empty(row_size(Type.Q8_0, k), np.uint8)
+        TYPE_TRAITS_CPU[Type.Q8_0].from_float(X[c], y)
+        yb = y.reshape(-1, 34)
+        d8 = yb[:, :2].copy().view(np.float16)[:, 0].astype(np.float32)
+        q8 = yb[:, 2:].view(np.int8).astype(np.int64)
+        for r in range(m):
+            wb = wq[r].reshape(-1, 18)
+            d = wb[:, :2].copy().view(np.float16)[:, 0].astype(np.float32)
+            ones = wb.copy()
+            ones[:, :2] = np.array([F16_ONE], np.uint16).view(np.uint8)
+            v = np.empty(k, np.float32)
+            TYPE_TRAITS_CPU[t].to_float(ones.reshape(-1), v)
+            s = (v.astype(np.int64).reshape(-1, 32) * q8).sum(axis=1)
+            a = np.float32(0)
+            for b in range(k // 32):
+                a = fma(np.float32(s[b]), np.float32(d[b] * d8[b]), a)
+            out[c, r] = a
+    return out
+
+
+@pytest.mark.parametrize("t", [Type.Q4_0, Type.Q4_K, Type.IQ4_NL], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 3, 5, 8, 19])
-def test_repacked_q4_K_order(n, monkeypatch):
-    """A repacked Q4_K weight: its first n - n % 4 columns in GGML's gemm's order when n > 3, the
-    rest in its gemv's (a single column, decode, too), bit for bit, tiled matmul on or off."""
-    t = Type.Q4_K
-    rng = np.random.default_rng(90 + n)
+def test_repacked_order(t, n, monkeypatch):
+    """A repacked weight (Q4_K: its first n - n % 4 columns in GGML's gemm's order when n > 3, the
+    rest in its gemv's; Q4_0 and IQ4_NL: one order for both), a single column (decode) too, bit
+    for bit, tiled matmul on or off."""
+    rng = np.random.default_rng(90 + n + int(t))
     k, m = 768, 16
     wq = weights(t, rng, m, k)
     X = rng.standard_normal((n, k)).astype(np.float32)
-    want = oracle(t, wq, X, "repack", n - n % 4 if n > 3 else 0)
+    want = oracle(t, wq, X, "repack", n - n % 4 if n > 3 else 0) if t == Type.Q4_K else oracle_b32(t, wq, X)
     for on in (True, False):
         monkeypatch.setattr(tiled, "TILED", on)
         got = M.mul_mat(wq.reshape(1, 1, m, -1), t, X.reshape(1, 1, n, k), np.empty((1, 1, n, m), np.float32),
@@ -145,7 +172,7 @@ def test_repacked_q4_K_order(n, monkeypatch):
 
 
 def test_repack_buffer_type_takes_ggml_weights():
-    """CPU_REPACK runs a MUL_MAT of a 2-D Q4_K weight with rows in multiples of 8 and F32
+    """CPU_REPACK runs a MUL_MAT of a 2-D Q4_0/Q4_K/IQ4_NL weight with rows in multiples of 8 and F32
     activations, as GGML's (x86 AVX2) extra buffer type does; nothing else."""
     buft, = lg.dev_by_name("CPU").get_extra_buffer_types()
     ctx = lg.Context()
@@ -153,6 +180,7 @@ def test_repack_buffer_type_takes_ggml_weights():
     assert buft.get_name() == "CPU_REPACK" and buft.is_host()
     assert buft.supports_op(lg.mul_mat(ctx.new_tensor_2d(Type.Q4_K, 256, 16), x))
     assert not buft.supports_op(lg.mul_mat(ctx.new_tensor_2d(Type.Q4_K, 256, 12), x))   # rows % 8
+    assert buft.supports_op(lg.mul_mat(ctx.new_tensor_2d(Type.Q4_0, 256, 16), x))
     assert not buft.supports_op(lg.mul_mat(ctx.new_tensor_2d(Type.Q6_K, 256, 16), x))   # no kernel
     assert not buft.supports_op(lg.mul_mat(ctx.new_tensor_3d(Type.Q4_K, 256, 16, 2),
                                           ctx.new_tensor_3d(Type.F32, 256, 1, 2)))  # 3-D

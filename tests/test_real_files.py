@@ -14,6 +14,9 @@ installs their packages): SmolLM2-135M-Instruct in Q4_1 (llama architecture, 30 
   follow both) and with GGML's reference kernels (``vec_dot``: llama.cpp without repacked weights and
   with ``GGML_CPU_TILED_MM=0``; lazyggml with ``repack=False`` and ``tiled.TILED`` off).
 
+SmolLM2 requantized by llama.cpp's quantizer into Q4_0 and IQ4_NL, the other two types llama.cpp repacks
+on AVX2, gives llama.cpp's prompt logits as shipped bit for bit too.
+
 The two configurations are apart by as much as a quantized model is from its float weights' in the
 last bits: llama.cpp as shipped against its own reference kernels gives NMSE 4.9e-3 on Gemma 3's
 prompt logits (the first layer differs in the last bit, NMSE 4e-15, the last at 2e-3), and 0 on
@@ -42,6 +45,9 @@ PROMPT = ("The quick brown fox jumps over the lazy dog. In the beginning God cre
 TEXTS = [PROMPT, "In 1611, 42 translators met 3.14 times; cost: $1,000.50!",
          "def f(x):\n    return x**2  # square\n\n\n", "Café naïve façade — 日本語のテキスト 😀", "  a  b   c\t\td \n e"]
 CONFIGS = ("reference", "shipped")
+#: SmolLM2 requantized by llama.cpp's own quantizer into the mixes whose types llama.cpp repacks with
+#: kernels of their own (Q4_0, IQ4_NL: ``repack.py``), compared as shipped with flash attention
+REQUANTIZED = ("q4_0", "iq4_nl")
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +63,13 @@ def oracle(tmp_path_factory):
     for config in CONFIGS:
         for fa in (False, True):
             tag = f"{config}-{'fa' if fa else 'nofa'}"
-            job = dict(reference=config == "reference", flash_attn=fa, quantize=[],
+            requant = {mix: str(d / f"smollm2-{mix}.gguf") for mix in REQUANTIZED} if tag == "shipped-fa" else {}
+            job = dict(reference=config == "reference", flash_attn=fa,
+                       quantize=[dict(src=files[FILES[0]], dst=p, mix=mix, requantize=True) for mix, p in requant.items()],
                        logits=[dict(path=p, n_ctx=N_CTX, tokens=prompt[n], out=str(d / f"{tag}-{n}.npy"))
-                               for n, p in files.items()],
+                               for n, p in files.items()]
+                       + [dict(path=p, n_ctx=N_CTX, tokens=prompt[FILES[0]], out=str(d / f"{tag}-{mix}.npy"))
+                          for mix, p in requant.items()],
                        greedy=[dict(path=p, n_ctx=N_CTX, prompts=[PROMPT], n=N_GREEDY, out=str(d / f"{tag}-{n}-greedy"))
                                for n, p in files.items()],
                        tokenize=[dict(path=p, texts=TEXTS) for p in files.values()] if tag == "shipped-fa" else [])
@@ -70,6 +80,8 @@ def oracle(tmp_path_factory):
                 out["greedy", config, fa, name] = dict(g, logits=np.load(d / f"{tag}-{name}-greedy-0.npy"))
                 if res["tokens"]:
                     out["tokens", name] = res["tokens"][path]
+            for mix, path in requant.items():
+                out["requantized", mix] = path, np.load(d / f"{tag}-{mix}.npy"), prompt[FILES[0]]
     return out
 
 
@@ -128,3 +140,16 @@ def test_greedy_continuation_is_llama_cpps(oracle, config, name, fa, configured)
         assert int(np.argmax(logits)) == tok, f"step {k}"
         if k + 1 < N_GREEDY:
             logits = m.eval([tok], logits_all=False)[-1]
+
+
+@pytest.mark.parametrize("mix", REQUANTIZED)
+def test_requantized_smollm2_is_llama_cpp_as_shipped(oracle, mix, monkeypatch):
+    """SmolLM2's trained weights in Q4_0 and IQ4_NL (llama.cpp's quantizer), whose matrices llama.cpp
+    repacks: every prompt position's logits are its own as shipped, bit for bit."""
+    monkeypatch.setattr(tiled, "TILED", True)
+    path, theirs, ids = oracle["requantized", mix]
+    assert {t.type for t in lg.read_gguf(path).tensors.values()} >= {lg.Type[mix.upper()]}
+    _MODELS.clear()
+    ours = lg.load_model(path, n_ctx=N_CTX, n_threads=THREADS, flash_attn=True).eval(ids)
+    per_pos = [nmse(a, b) for a, b in zip(ours, theirs)]
+    assert np.array_equal(ours, theirs), f"positions off: {[(i, f'{e:.2g}') for i, e in enumerate(per_pos) if e][:8]}"

@@ -307,15 +307,9 @@ def tiled_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 12:  # Q4_K
-        for r in range(r0, r1):
-            tiled.tiled_cols_q4_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
-            for k in range(nc):
-                dst[i3, i2, c0 + k, r] = out[k]
+        tiled.tile_tiled_q4_K_q8_K(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0)
     elif tid == 13:  # Q5_K
-        for r in range(r0, r1):
-            tiled.tiled_cols_q5_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
-            for k in range(nc):
-                dst[i3, i2, c0 + k, r] = out[k]
+        tiled.tile_tiled_q5_K_q8_K(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0)
     elif tid == 14:  # Q6_K
         for r in range(r0, r1):
             tiled.tiled_cols_q6_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
@@ -332,19 +326,34 @@ def tiled_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i
 def repack_rows(tid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c):
     """``dot_rows`` of a repacked weight, in the order of GGML's repacked gemv
     (``repack.repack_dot_*``)."""
-    if tid == 12:  # Q4_K
+    if tid == 2:  # Q4_0
+        for r in range(r0, r1):
+            _prefetch_ahead(w4[j3, j2, r], 1)
+            dst[i3, i2, c, r] = repack.repack_dot_q4_0_q8_0(n, w4[j3, j2, r], y, yo)
+    elif tid == 12:  # Q4_K
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
             dst[i3, i2, c, r] = repack.repack_dot_q4_K_q8_K(n, w4[j3, j2, r], y, yo)
+    elif tid == 20:  # IQ4_NL
+        for r in range(r0, r1):
+            _prefetch_ahead(w4[j3, j2, r], 1)
+            dst[i3, i2, c, r] = repack.repack_dot_iq4_nl_q8_0(n, w4[j3, j2, r], y, yo)
 
 
 @_kernel
 def repack_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, ngemm, acc, out, dst, i3, i2, c0):
     """``dot_tile`` of a repacked weight: its first ``ngemm`` columns in the order of GGML's
     repacked gemm, the rest in its gemv's (``repack.repack_cols_*``)."""
-    if tid == 12:  # Q4_K
+    if tid == 2:  # Q4_0
         for r in range(r0, r1):
-            repack.repack_cols_q4_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, ngemm, acc, out)
+            repack.repack_cols_q4_0_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, ngemm, acc, out)
+            for k in range(nc):
+                dst[i3, i2, c0 + k, r] = out[k]
+    elif tid == 12:  # Q4_K
+        repack.tile_repack_q4_K_q8_K(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, ngemm, acc, out, dst, i3, i2, c0)
+    elif tid == 20:  # IQ4_NL
+        for r in range(r0, r1):
+            repack.repack_cols_iq4_nl_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, ngemm, acc, out)
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
 
@@ -423,16 +432,20 @@ SWITCHES = {
     "tiled_tile": {
         10: "tiled.tiled_cols_q2_K_q8_K",  # Q2_K
         11: "tiled.tiled_cols_q3_K_q8_K",  # Q3_K
-        12: "tiled.tiled_cols_q4_K_q8_K",  # Q4_K
-        13: "tiled.tiled_cols_q5_K_q8_K",  # Q5_K
+        12: "tiled.tile_tiled_q4_K_q8_K",  # Q4_K
+        13: "tiled.tile_tiled_q5_K_q8_K",  # Q5_K
         14: "tiled.tiled_cols_q6_K_q8_K",  # Q6_K
         23: "tiled.tiled_cols_iq4_xs_q8_K",  # IQ4_XS
     },
     "repack_rows": {
+        2: "repack.repack_dot_q4_0_q8_0",  # Q4_0
         12: "repack.repack_dot_q4_K_q8_K",  # Q4_K
+        20: "repack.repack_dot_iq4_nl_q8_0",  # IQ4_NL
     },
     "repack_tile": {
-        12: "repack.repack_cols_q4_K_q8_K",  # Q4_K
+        2: "repack.repack_cols_q4_0_q8_0",  # Q4_0
+        12: "repack.tile_repack_q4_K_q8_K",  # Q4_K
+        20: "repack.repack_cols_iq4_nl_q8_0",  # IQ4_NL
     },
 }
 

@@ -13,7 +13,8 @@ arithmetic follows the repacked kernels, which is what the numbers depend on. Th
 (``matmul.py``) sees the weight's buffer type and calls the kernels below.
 
 GGML's choice on x86 with AVX2 and without AVX-512 (this module's; others, see ``repack_type``):
-Q4_K rows in multiples of 8 (``q4_K_8x8_q8_K``). Its kernels (arch/x86/repack.cpp) keep, per
+Q4_0, Q4_K and IQ4_NL rows in multiples of 8 (``q4_0_8x8_q8_0``, ``q4_K_8x8_q8_K``,
+``iq4_nl_8x8_q8_0``; Q4_0 and IQ4_NL below). Q4_K's kernels (arch/x86/repack.cpp) keep, per
 (row, column), two float32 chains, over the super-blocks in order, and return their difference:
 
     gemv (one column):   A = fma(float(s1),    d·d8, A)     M = fma(float(s2),    dmin·d8, M)
@@ -23,9 +24,8 @@ Q4_K rows in multiples of 8 (``q4_K_8x8_q8_K``). Its kernels (arch/x86/repack.cp
 with s1 = Σ_s scale_s · Σ q·q8 and s2 = Σ_s min_s · bsum_s exact integers (vec_dot's, whose
 ``_k4_sumi_parts`` are the pairs). A product of ``ne11`` columns runs its first ``ne11 − ne11 % 4``
 through the gemm when ``ne11 > 3`` and the rest through the gemv (``forward_mul_mat_one_chunk``).
-Q4_0, IQ4_NL and MXFP4 also have AVX2 kernels in GGML; lazyggml does not follow them yet, so it
-leaves those weights in plain buffers (their products then differ from llama.cpp's in the last
-bits, as Q4_K's did).
+MXFP4 also has AVX2 kernels in GGML, and GGML repacks the experts of MUL_MAT_ID too; lazyggml does
+not follow those yet (it has no MXFP4 type), so those weights stay in plain buffers.
 """
 from __future__ import annotations
 
@@ -38,13 +38,16 @@ from ...ops import Op
 from ...types import Type
 from . import simd
 from . import vec_dot as V
-from .simd import bcast_half, hsum_i32, lane, load_f32, vadd
+from .quant import TABLE_F32_F16 as _F16
+from .simd import (bcast_half, bcast_pair, dot4_acc, fma, hsum_i32, lane, load_f32, load_f32x8,
+                   load_i8x32, load_i16x16, load_u16, madd, splat_f32x8, splat_i32x8, store_f32x8, to_f32, vabs,
+                   vadd, vmul, vsign)
 from .vec_dot import QK_K, Q4_K_SIZE, Q8_K_SIZE, _fmaf
 
 _fast = njit(cache=True)
 
 #: the weight types whose repacked kernels lazyggml follows, and the row multiple each needs
-REPACK_ROWS = {Type.Q4_K: 8}
+REPACK_ROWS = {Type.Q4_0: 8, Type.Q4_K: 8, Type.IQ4_NL: 8}
 
 
 def repack_type(t):
@@ -114,28 +117,121 @@ def repack_dot_q4_K_q8_K(n, x, y, yo):
     return a - m
 
 
-@_fast
-def repack_cols_q4_K_q8_K(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
-    """A repacked Q4_K row against nc columns (``dot_cols``' layout): the first ``ngemm`` in
-    ``ggml_gemm_q4_K_8x8_q8_K``'s order, the rest in the gemv's. acc: 2 floats a column."""
+@njit(inline="always")
+def _q4_K_row(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
+    """A repacked Q4_K row against nc columns, the columns' min table (``vec_dot._k4_min_table``) in
+    acc: the first ``ngemm`` in ``ggml_gemm_q4_K_8x8_q8_K``'s order, the rest in the gemv's. The
+    gemm's columns go 8 at a time as GGML's kernel does them (a vector lane per column): their 64-value
+    parts' sums (each summed and converted on its own, then side by side in scratch), their min parts
+    from the table, then one FMA per chain for all 8. A column's chains A and M wait in acc[c] and
+    acc[nc + c]."""
+    ng = nc // 8                      # the table's groups
+    gemm_groups = min(ngemm, nc) // 8
+    tb = 4 * V.ACC_PER_COL * nc
+    sp = 2 * nc                       # scratch: 4 x 8 part sums of a group
     acc[:2 * nc] = 0
     for i in range(n // QK_K):
         xb = i * Q4_K_SIZE
         xd, xdmin, ms, mins = V._k4_head(x, xb)
         l0, h0, l1, h1, l2, h2, l3, h3 = V._q4_K_unpack(x, xb)
         sc = bcast_half(ms, 0)
-        for c in range(nc):
+        for g in range(gemm_groups):
+            yb = yo + 8 * g * ycs + i * ybs
+            for k in range(8):   # each column's 4 part sums, as float32, side by side in scratch at acc[2nc:]
+                p0, p1, p2, p3 = V._k4_sumi_parts(y, yb + k * ycs, l0, h0, l1, h1, l2, h2, l3, h3, sc)
+                acc[sp + k] = np.float32(hsum_i32(p0))
+                acc[sp + 8 + k] = np.float32(hsum_i32(p1))
+                acc[sp + 16 + k] = np.float32(hsum_i32(p2))
+                acc[sp + 24 + k] = np.float32(hsum_i32(p3))
+            t = tb + V.K4_TABLE_BYTES * (i * ng + g)
+            d8 = load_f32x8(acc, t + 128)
+            dd, dm = vmul(splat_f32x8(xd), d8), vmul(splat_f32x8(xdmin), d8)
+            a, m = load_f32x8(acc, 32 * g), load_f32x8(acc, 4 * nc + 32 * g)
+            a = fma(load_f32x8(acc, 4 * sp), dd, a)
+            m = fma(to_f32(madd(bcast_pair(mins, 0), load_i16x16(acc, t))), dm, m)
+            a = fma(load_f32x8(acc, 4 * sp + 32), dd, a)
+            m = fma(to_f32(madd(bcast_pair(mins, 1), load_i16x16(acc, t + 32))), dm, m)
+            a = fma(load_f32x8(acc, 4 * sp + 64), dd, a)
+            m = fma(to_f32(madd(bcast_pair(mins, 2), load_i16x16(acc, t + 64))), dm, m)
+            a = fma(load_f32x8(acc, 4 * sp + 96), dd, a)
+            m = fma(to_f32(madd(bcast_pair(mins, 3), load_i16x16(acc, t + 96))), dm, m)
+            store_f32x8(acc, 32 * g, a)
+            store_f32x8(acc, 4 * nc + 32 * g, m)
+        for c in range(8 * gemm_groups, nc):
             yb = yo + c * ycs + i * ybs
             d8 = load_f32(y, yb)
             parts = V._k4_sumi_parts(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc)
             mp = V._k4_min_prod(mins, y, yb)
             if c < ngemm:
-                a, m = _gemm_block(acc[2 * c], acc[2 * c + 1], xd * d8, xdmin * d8, parts, mp)
+                a, m = _gemm_block(acc[c], acc[nc + c], xd * d8, xdmin * d8, parts, mp)
             else:
-                a, m = _gemv_block(acc[2 * c], acc[2 * c + 1], xd * d8, xdmin * d8, parts, mp)
-            acc[2 * c], acc[2 * c + 1] = a, m
+                a, m = _gemv_block(acc[c], acc[nc + c], xd * d8, xdmin * d8, parts, mp)
+            acc[c], acc[nc + c] = a, m
     for c in range(nc):
-        out[c] = acc[2 * c] - acc[2 * c + 1]
+        out[c] = acc[c] - acc[nc + c]
+
+
+@_fast
+def repack_cols_q4_K_q8_K(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
+    """A repacked Q4_K row against nc columns (``dot_cols``' layout; acc: ``acc_floats(n, nc)``):
+    the columns' min table, then the row (``tile_repack_q4_K_q8_K`` makes the table once a tile)."""
+    V._k4_min_table(n, y, yo, ycs, ybs, nc, acc)
+    _q4_K_row(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out)
+
+
+@_fast
+def tile_repack_q4_K_q8_K(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, ngemm, acc, out, dst, i3, i2, c0):
+    """Weight rows r0..r1 of w4[j3, j2] against nc columns into dst[i3, i2, c0:c0 + nc] (the
+    ``repack_tile`` switch's parameters): the columns' min table once, then row by row."""
+    V._k4_min_table(n, y, yo, ycs, ybs, nc, acc)
+    for r in range(r0, r1):
+        _q4_K_row(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, ngemm, acc, out)
+        for k in range(nc):
+            dst[i3, i2, c0 + k, r] = out[k]
+
+
+# ------------------------------------------------------------------------------------------------
+# Q4_0 and IQ4_NL (``q4_0_8x8_q8_0``, ``iq4_nl_8x8_q8_0``: ``gemv/gemm_q4_b32_8x8_q8_0_lut_avx``):
+# per 32-value block the exact Σ q·q8 (Q4_0: q − 8; IQ4_NL: its level), one float32 chain
+# A = fma(float(s), d·d8, A); the gemm's order is the gemv's (one FMA a block either way).
+# ------------------------------------------------------------------------------------------------
+
+@njit(inline="always")
+def _b32_dot(n, x, y, yo, ybs, iq4):
+    a = np.float32(0.0)
+    for i in range(n // 32):
+        xb = i * 18
+        yb = yo + i * ybs
+        q = V._iq4_levels(x, xb + 2) if iq4 else V._q4_0_unpack(x, xb)
+        s = hsum_i32(dot4_acc(splat_i32x8(0), vabs(q), vsign(load_i8x32(y, yb + 2), q)))
+        a = _fmaf(np.float32(s), _F16[load_u16(x, xb)] * _F16[load_u16(y, yb)], a)
+    return a
+
+
+@_fast
+def repack_dot_q4_0_q8_0(n, x, y, yo):
+    """A repacked Q4_0 row against one column (``ggml_gemv_q4_0_8x8_q8_0``'s order)."""
+    return _b32_dot(n, x, y, yo, 34, False)
+
+
+@_fast
+def repack_cols_q4_0_q8_0(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
+    """A repacked Q4_0 row against nc columns: gemm and gemv alike."""
+    for c in range(nc):
+        out[c] = _b32_dot(n, x, y, yo + c * ycs, ybs, False)
+
+
+@_fast
+def repack_dot_iq4_nl_q8_0(n, x, y, yo):
+    """A repacked IQ4_NL row against one column (``ggml_gemv_iq4_nl_8x8_q8_0``'s order)."""
+    return _b32_dot(n, x, y, yo, 34, True)
+
+
+@_fast
+def repack_cols_iq4_nl_q8_0(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
+    """A repacked IQ4_NL row against nc columns: gemm and gemv alike."""
+    for c in range(nc):
+        out[c] = _b32_dot(n, x, y, yo + c * ycs, ybs, True)
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)

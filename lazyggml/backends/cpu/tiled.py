@@ -31,7 +31,8 @@ from ...cache import tie_cache
 from . import simd
 from . import vec_dot as V
 from .quant import TABLE_F32_F16 as _F16
-from .simd import bcast_half, hsum_i32, load_f32, load_i8x16, load_u16, sext
+from .simd import (bcast_half, bcast_pair, fma, hsum_i32, load_f32, load_f32x8, load_i8x16,
+                   load_i16x16, load_u16, madd, sext, splat_f32x8, store_f32x8, to_f32, vadd, vmul)
 from .vec_dot import QK_K, Q4_K_SIZE, Q5_K_SIZE, Q6_K_SIZE, IQ4_XS_SIZE, _fmaf
 
 _fast = njit(cache=True)
@@ -53,8 +54,15 @@ def _step(buf, d, dmin, s1, s2, d8, has_min):
 
 
 @njit(inline="always")
-def _k4_cols(n, x, y, yo, ycs, ybs, nc, acc, out, q5):
-    """Q4_K (``q5`` False) and Q5_K."""
+def _k4_row(n, x, y, yo, ycs, ybs, nc, acc, out, q5):
+    """A Q4_K (``q5`` False) or Q5_K row against nc columns, the columns' min table
+    (``vec_dot._k4_min_table``) in acc. Whole groups of 8 columns as GGML's kernel does them, a
+    vector lane per column: their s1 (each summed and converted on its own, then side by side in
+    scratch), their s2 from the table, the float steps once for all 8. Column c's sum waits in
+    acc[c]. (Keeping the 8 columns' int32 vectors in registers for a transposed sum spilled them
+    and took 2x as long.)"""
+    ng = nc // 8
+    tb = 4 * V.ACC_PER_COL * nc
     acc[:nc] = 0
     for i in range(n // QK_K):
         xb = i * (Q5_K_SIZE if q5 else Q4_K_SIZE)
@@ -64,7 +72,16 @@ def _k4_cols(n, x, y, yo, ycs, ybs, nc, acc, out, q5):
         else:
             l0, h0, l1, h1, l2, h2, l3, h3 = V._q4_K_unpack(x, xb)
         sc = bcast_half(ms, 0)
-        for c in range(nc):
+        for g in range(ng):
+            yb = yo + 8 * g * ycs + i * ybs
+            for k in range(8):   # each column's s1, as float32, into 8 lanes of scratch at acc[nc:]
+                acc[nc + k] = np.float32(hsum_i32(V._k4_sumi(y, yb + k * ycs, l0, h0, l1, h1, l2, h2, l3, h3, sc)))
+            t = tb + V.K4_TABLE_BYTES * (i * ng + g)
+            s2 = vadd(vadd(madd(bcast_pair(mins, 0), load_i16x16(acc, t)), madd(bcast_pair(mins, 1), load_i16x16(acc, t + 32))),
+                      vadd(madd(bcast_pair(mins, 2), load_i16x16(acc, t + 64)), madd(bcast_pair(mins, 3), load_i16x16(acc, t + 96))))
+            res = fma(splat_f32x8(-xdmin), to_f32(s2), vmul(splat_f32x8(xd), load_f32x8(acc, 4 * nc)))
+            store_f32x8(acc, 32 * g, fma(res, load_f32x8(acc, t + 128), load_f32x8(acc, 32 * g)))
+        for c in range(8 * ng, nc):
             yb = yo + c * ycs + i * ybs
             s1 = hsum_i32(V._k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc))
             s2 = hsum_i32(V._k4_min_prod(mins, y, yb))
@@ -72,14 +89,37 @@ def _k4_cols(n, x, y, yo, ycs, ybs, nc, acc, out, q5):
     out[:nc] = acc[:nc]
 
 
+@njit(inline="always")
+def _k4_tile(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0, q5):
+    V._k4_min_table(n, y, yo, ycs, ybs, nc, acc)
+    for r in range(r0, r1):
+        _k4_row(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out, q5)
+        for k in range(nc):
+            dst[i3, i2, c0 + k, r] = out[k]
+
+
 @_fast
 def tiled_cols_q4_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
-    _k4_cols(n, x, y, yo, ycs, ybs, nc, acc, out, False)
+    """One row against nc columns (acc: ``vec_dot.acc_floats(n, nc)``): the min table, the row."""
+    V._k4_min_table(n, y, yo, ycs, ybs, nc, acc)
+    _k4_row(n, x, y, yo, ycs, ybs, nc, acc, out, False)
 
 
 @_fast
 def tiled_cols_q5_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
-    _k4_cols(n, x, y, yo, ycs, ybs, nc, acc, out, True)
+    V._k4_min_table(n, y, yo, ycs, ybs, nc, acc)
+    _k4_row(n, x, y, yo, ycs, ybs, nc, acc, out, True)
+
+
+@_fast
+def tile_tiled_q4_K_q8_K(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0):
+    """A whole tile (``tiled_tile``'s parameters): the columns' min table once, then row by row."""
+    _k4_tile(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0, False)
+
+
+@_fast
+def tile_tiled_q5_K_q8_K(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0):
+    _k4_tile(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0, True)
 
 
 @_fast

@@ -40,7 +40,10 @@ Fields of ``TypeTraitsCpu`` (rows are raw bytes: ``uint8`` 1-D arrays in GGML's 
   matmul (``tiled.py``), for the types it takes: products of 8 columns or more;
 * ``repack_dot(n, x, y, yo)`` and ``repack_cols(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out)``: ``dot``
   and ``dot_cols`` in the order of GGML's repacked gemv / gemm (``repack.py``: the first ``ngemm``
-  columns the gemm's), for the types whose weights it repacks.
+  columns the gemm's), for the types whose weights it repacks;
+* ``tile_tiled(...)`` / ``tile_repack(...)``: a whole tile in those orders (``dispatch.tiled_tile`` /
+  ``repack_tile``'s parameters), for a type that does work once per tile (Q4_K/Q5_K: the min table);
+  optional, as ``tile``.
 
 Derived, not stored: ``blck_size`` and ``type_size`` (``types.py`` holds them, for every backend),
 ``fast`` (whether ``vec_dot`` is a SIMD kernel).
@@ -100,6 +103,8 @@ class TypeTraitsCpu:
     tiled_cols: Optional[Callable] = None
     repack_dot: Optional[Callable] = None
     repack_cols: Optional[Callable] = None
+    tile_tiled: Optional[Callable] = None
+    tile_repack: Optional[Callable] = None
 
     @property
     def blck_size(self) -> int:
@@ -125,10 +130,11 @@ def _float(t, from_float, to_float, vec_dot, vec_dot_ref):
 
 def _quant(t, vdt, from_float_ref, to_float, vec_dot=None, vec_dot_ref=None, dot=None, dot_cols=None,
            from_float=None, dot2=None, dot_cols2=None, tile=None, tiled_cols=None, repack_dot=None,
-           repack_cols=None):
+           repack_cols=None, tile_tiled=None, tile_repack=None):
     """A quantized type's row; ``from_float`` is the reference quantizer unless given."""
     return TypeTraitsCpu(t, vdt, from_float_ref, from_float or from_float_ref, to_float, vec_dot, vec_dot_ref,
-                         dot, dot_cols, dot2, dot_cols2, tile, tiled_cols, repack_dot, repack_cols)
+                         dot, dot_cols, dot2, dot_cols2, tile, tiled_cols, repack_dot, repack_cols, tile_tiled,
+                         tile_repack)
 
 
 _ROWS = [
@@ -136,7 +142,8 @@ _ROWS = [
     _float(Type.F16, Q.quantize_row_f16, Q.dequantize_row_f16, V.vec_dot_f16, V.vec_dot_f16_ref),
     _float(Type.BF16, Q.quantize_row_bf16, Q.dequantize_row_bf16, V.vec_dot_bf16, V.vec_dot_bf16_ref),
     _quant(Type.Q4_0, Type.Q8_0, Q.quantize_row_q4_0, Q.dequantize_row_q4_0,
-           V.vec_dot_q4_0_q8_0, V.vec_dot_q4_0_q8_0_ref, V.dot_q4_0_q8_0, V.dot_cols_q4_0_q8_0),
+           V.vec_dot_q4_0_q8_0, V.vec_dot_q4_0_q8_0_ref, V.dot_q4_0_q8_0, V.dot_cols_q4_0_q8_0,
+           repack_dot=R.repack_dot_q4_0_q8_0, repack_cols=R.repack_cols_q4_0_q8_0),
     _quant(Type.Q4_1, Type.Q8_1, Q.quantize_row_q4_1, Q.dequantize_row_q4_1,
            V.vec_dot_q4_1_q8_1, V.vec_dot_q4_1_q8_1_ref, V.dot_q4_1_q8_1, V.dot_cols_q4_1_q8_1),
     _quant(Type.Q5_0, Type.Q8_0, Q.quantize_row_q5_0, Q.dequantize_row_q5_0,
@@ -157,16 +164,18 @@ _ROWS = [
     _quant(Type.Q4_K, Type.Q8_K, Q.quantize_row_q4_K, Q.dequantize_row_q4_K,
            V.vec_dot_q4_K_q8_K, V.vec_dot_q4_K_q8_K_ref, V.dot_q4_K_q8_K, V.dot_cols_q4_K_q8_K,
            dot_cols2=V.dot_cols2_q4_K_q8_K, tile=V.tile_q4_K_q8_K, tiled_cols=T.tiled_cols_q4_K_q8_K,
-           repack_dot=R.repack_dot_q4_K_q8_K, repack_cols=R.repack_cols_q4_K_q8_K),
+           tile_tiled=T.tile_tiled_q4_K_q8_K, repack_dot=R.repack_dot_q4_K_q8_K, repack_cols=R.repack_cols_q4_K_q8_K,
+           tile_repack=R.tile_repack_q4_K_q8_K),
     _quant(Type.Q5_K, Type.Q8_K, Q.quantize_row_q5_K, Q.dequantize_row_q5_K,
            V.vec_dot_q5_K_q8_K, V.vec_dot_q5_K_q8_K_ref, V.dot_q5_K_q8_K, V.dot_cols_q5_K_q8_K,
-           tiled_cols=T.tiled_cols_q5_K_q8_K),
+           tiled_cols=T.tiled_cols_q5_K_q8_K, tile_tiled=T.tile_tiled_q5_K_q8_K),
     _quant(Type.Q6_K, Type.Q8_K, Q.quantize_row_q6_K, Q.dequantize_row_q6_K,
            V.vec_dot_q6_K_q8_K, V.vec_dot_q6_K_q8_K_ref, V.dot_q6_K_q8_K, V.dot_cols_q6_K_q8_K,
            dot2=V.dot2_q6_K_q8_K, dot_cols2=V.dot_cols2_q6_K_q8_K, tiled_cols=T.tiled_cols_q6_K_q8_K),
     _quant(Type.Q8_K, Type.Q8_K, Q.quantize_row_q8_K, Q.dequantize_row_q8_K),
     _quant(Type.IQ4_NL, Type.Q8_0, Q.quantize_row_iq4_nl, Q.dequantize_row_iq4_nl,
-           V.vec_dot_iq4_nl_q8_0, V.vec_dot_iq4_nl_q8_0_ref, V.dot_iq4_nl_q8_0, V.dot_cols_iq4_nl_q8_0),
+           V.vec_dot_iq4_nl_q8_0, V.vec_dot_iq4_nl_q8_0_ref, V.dot_iq4_nl_q8_0, V.dot_cols_iq4_nl_q8_0,
+           repack_dot=R.repack_dot_iq4_nl_q8_0, repack_cols=R.repack_cols_iq4_nl_q8_0),
     _quant(Type.IQ4_XS, Type.Q8_K, Q.quantize_row_iq4_xs, Q.dequantize_row_iq4_xs,
            V.vec_dot_iq4_xs_q8_K, V.vec_dot_iq4_xs_q8_K_ref, V.dot_iq4_xs_q8_K, V.dot_cols_iq4_xs_q8_K,
            tiled_cols=T.tiled_cols_iq4_xs_q8_K),
