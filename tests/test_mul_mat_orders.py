@@ -186,3 +186,32 @@ def test_repack_buffer_type_takes_ggml_weights():
                                           ctx.new_tensor_3d(Type.F32, 256, 1, 2)))  # 3-D
     assert not buft.supports_op(lg.get_rows(ctx.new_tensor_2d(Type.Q4_K, 256, 16),
                                                 ctx.new_tensor_1d(Type.I32, 1)))
+
+
+@pytest.mark.parametrize("t, repacked", [(Type.Q6_K, False), (Type.Q4_K, False), (Type.Q4_K, True)],
+                         ids=["Q6_K-tiled", "Q4_K-tiled", "Q4_K-repacked"])
+def test_mul_mat_id_orders(t, repacked, monkeypatch):
+    """MUL_MAT_ID as llama.cpp's GGML: an expert with 8 routed (token, slot) pairs or more in the tiled
+    matmul's order, fewer in vec_dot's (``ggml_compute_forward_mul_mat_id_tiled``); repacked experts
+    (CPU_REPACK) routed row by routed row through the gemv. Each pair's row equals the plain product
+    of its expert in that order: mul_mat of the expert with the pair's column alone (gemv, vec_dot)
+    or among 8 columns (tiled, whose order is per column)."""
+    from lazyggml.backends.cpu import matmul_id
+    monkeypatch.setattr(tiled, "TILED", True)
+    rng = np.random.default_rng(7 + int(t) + repacked)
+    n_expert, m, k, n_tok, n_used = 4, 16, 512, 12, 2
+    wq = np.stack([weights(t, rng, m, k) for _ in range(n_expert)])[None]
+    x = rng.standard_normal((1, n_tok, 1, k)).astype(np.float32)
+    ids = np.zeros((1, 1, n_tok, n_used), np.int32)
+    ids[0, 0, :, 0] = 0                                # expert 0: 12 pairs (tiled when not repacked)
+    ids[0, 0, :, 1] = 1 + np.arange(n_tok) % 3         # experts 1..3: 4 pairs each (vec_dot)
+    dst = np.empty((1, n_tok, n_used, m), np.float32)
+    for step, args in matmul_id.mul_mat_id_steps(wq, t, x, ids, dst, 2, repacked):
+        step(*args)
+    for tok in range(n_tok):
+        for e in range(n_used):
+            ex = int(ids[0, 0, tok, e])
+            cols = x[0, tok:tok + 1, 0] if (repacked or ex != 0) else np.roll(x[0, :, 0], -tok, axis=0)[:8]
+            want = M.mul_mat(wq[:, ex:ex + 1], t, cols.reshape(1, 1, -1, k), np.empty((1, 1, len(cols), m), np.float32),
+                             repacked=repacked)
+            assert np.array_equal(dst[0, tok, e], want[0, 0, 0]), (t.name, repacked, tok, e, ex)

@@ -14,7 +14,8 @@ How it runs: the activation rows are converted once to the weights' ``vec_dot_ty
 or rounded to F16/BF16), each row's bytes in one run; then every (token, slot) pair is a
 mat-vec of its expert's rows by the mul_mat kernels (``dispatch.dot_rows``; two rows at a time
 through ``vec_dot.dot_pair_*`` for float weights), so each result element has the arithmetic of
-``mul_mat``'s, hence GGML's bits. The work is cut into tasks of (pair, ``RT`` rows) that run
+``mul_mat``'s, hence GGML's bits: vec_dot's, or as llama.cpp's GGML, repacked experts' (CPU_REPACK)
+in its gemv's order and the pairs of an expert with 8 routed pairs or more in its tiled matmul's. The work is cut into tasks of (pair, ``RT`` rows) that run
 as chunks of consecutive tasks on the CPU backend's pool (``pool.py``), as its other products. A
 decode step routes a token to a few experts of many: only their rows are read. GGML groups a
 prompt's pairs by expert to reuse its rows over columns (tiles, as mul_mat's prefill); not done
@@ -32,7 +33,7 @@ from numba import njit
 from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, row_size, type_size
-from . import common, matmul, pool, simd
+from . import common, matmul, pool, repack, simd, tiled
 from . import dispatch as D
 from . import vec_dot as V
 from .common import FLOAT_TYPES, KIND, KIND_F32, chunk
@@ -75,51 +76,67 @@ def _pair(ids, dst, t, rt):
 
 
 @_kernel
-def _task(kid, kind, n, aq, af, ids, y, yf, rs, n_b, dst, t):
+def _task(kid, kind, path, n, aq, af, ids, y, yf, rs, n_b, dst, t, counts, acc):
     """Task t: quantized weights ``aq`` (type id ``kid``; ``y``: n_b quantized rows of ``rs``
     bytes per token) when ``kind`` < 0, else float weights ``af`` of element kind ``kind`` (``yf``:
     n_b float32 rows per token, ``rs`` = their bytes); the other pair is an empty stand-in.
-    Returns 1 if its expert id is out of range (nothing computed; counted by the pair's first
-    task), else 0."""
+    ``path``: the order of llama.cpp's GGML (module docstring); ``counts``: the pairs routed to each
+    expert; ``acc``: scratch. Returns 1 if its expert id is out of range (nothing computed; counted
+    by the pair's first task), else 0."""
     tok, e, x, r0, r1 = _pair(ids, dst, t, RT)
     if x < 0 or x >= (aq.shape[1] if kind < 0 else af.shape[1]):
         return 1 if r0 == 0 else 0     # counted once per pair
     yo = (tok * n_b + e % n_b) * rs
     if kind < 0:
-        D.dot_rows(kid, n, aq, 0, x, r0, r1, y, yo, dst, 0, tok, e)
+        if path == matmul.PATH_REPACK:
+            D.repack_rows(kid, n, aq, 0, x, r0, r1, y, yo, dst, 0, tok, e)
+        elif path == matmul.PATH_TILED and counts[x] >= tiled.TILED_MIN_COLS:
+            D.tiled_tile(kid, n, aq, 0, x, r0, r1, y, yo, rs, V.Q8_K_SIZE, 1, acc, acc[acc.size - 2:],
+                         dst, 0, tok, e)
+        else:
+            D.dot_rows(kid, n, aq, 0, x, r0, r1, y, yo, dst, 0, tok, e)
     else:
         dot_rows_float(kind, n, af[0, x], r0, r1, yf, yo, dst[0, tok, e])
     return 0
 
 
 @_kernel
-def _chunk(c, nc, kid, kind, n, aq, af, ids, y, yf, rs, n_b, dst, bad):
-    """Chunk c of nc of the tasks, a contiguous run of them (a pool job's body); its count of bad
-    ids in ``bad[c]``."""
+def _chunk(c, nc, kid, kind, path, n, aq, af, ids, y, yf, rs, n_b, dst, counts, acc, bad):
+    """Chunk c of nc of the tasks, a contiguous run of them (a pool job's body), in row c of
+    ``acc``; its count of bad ids in ``bad[c]``."""
     ntasks = dst.shape[1] * dst.shape[2] * -(-dst.shape[3] // RT)
     b = 0
     for t in chunk(ntasks, c, nc):
-        b += _task(kid, kind, n, aq, af, ids, y, yf, rs, n_b, dst, t)
+        b += _task(kid, kind, path, n, aq, af, ids, y, yf, rs, n_b, dst, t, counts, acc[c])
     bad[c] = b
 
 
 @_kernel
-def _run(vtid, x4, xflat, kid, kind, n, aq, af, ids, y, yf, rs, dst, state, nc, bad):
-    """Quantize the activations (quantized weights), then every task, in ``nc`` chunks on the CPU
-    backend's pool (``pool.py``; one chunk: on this thread); returns the count of bad ids."""
+def _run(vtid, x4, xflat, kid, kind, path, n, aq, af, ids, y, yf, rs, dst, counts, acc, state, nc, bad):
+    """Quantize the activations (quantized weights), count the pairs routed to each expert, then
+    every task, in ``nc`` chunks on the CPU backend's pool (``pool.py``; one chunk: on this
+    thread); returns the count of bad ids."""
     if kind < 0:
         _quantize_rows(vtid, x4, xflat, y, rs)
-    pool.parallel_for(state, _chunk, nc, (kid, kind, n, aq, af, ids, y, yf, rs, x4.shape[2], dst, bad))
+    counts[:] = 0
+    for tok in range(ids.shape[2]):
+        for e in range(dst.shape[2]):
+            x = ids[0, 0, tok, e]
+            if 0 <= x < counts.size:
+                counts[x] += 1
+    pool.parallel_for(state, _chunk, nc, (kid, kind, path, n, aq, af, ids, y, yf, rs, x4.shape[2], dst, counts,
+                                          acc, bad))
     return bad[:nc].sum()
 
 
 # the cache of every driver above also depends on these files (see lazyggml.cache.tie_cache)
 tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, D.__file__, common.__file__, matmul.__file__, pool.__file__,
-          __file__)
+          tiled.__file__, __file__)
 
 
-def mul_mat_id_steps(as4, wtype, b, ids, dst, nth):
-    """The plan steps that compute ``dst = mul_mat_id(as, b, ids)`` with ``nth`` threads."""
+def mul_mat_id_steps(as4, wtype, b, ids, dst, nth, repacked=False):
+    """The plan steps that compute ``dst = mul_mat_id(as, b, ids)`` with ``nth`` threads; ``repacked``:
+    the experts are in a CPU_REPACK buffer (``repack.py``)."""
     n_expert, m = as4.shape[1], as4.shape[2]
     n_tokens, n_b, k = b.shape[1], b.shape[2], b.shape[3]
     n_used = dst.shape[2]
@@ -129,21 +146,27 @@ def mul_mat_id_steps(as4, wtype, b, ids, dst, nth):
     nc = 1   # on the pool (pool.py), as the other products: chunks of consecutive tasks
     if parallel:
         nc = min(n_tokens * n_used * -(-m // RT), (POOL_CHUNKS_PER_THREAD if n_tokens == 1 else PREFILL_CHUNKS_PER_THREAD) * nth)
-    par = (get_pool().state, nc, thread_scratch("bad", nc, 1, np.int64)[:, 0])
+    counts = scratch("counts_id", 8 * n_expert).view(np.int64)
+    acc = thread_scratch("acc_id", nc, V.acc_floats(k, 1) + 2, np.float32)
+    par = (counts, acc, get_pool().state, nc, thread_scratch("bad", nc, 1, np.int64)[:, 0])
     what = "mul_mat_id: expert ids"
     if wtype in FLOAT_TYPES:
         kind = KIND[wtype]
         yf = b if wtype == Type.F32 and b.flags.c_contiguous else scratch("xf_id", 4 * b.size).view(np.float32).reshape(b.shape)
         steps = [] if yf is b else [(np.copyto, (yf, b)) if kind == KIND_F32 else (round_acts, (kind, b, yf))]
         af = as4.view(np.uint16) if as4.dtype == np.float16 else as4
-        args = (0, b, _NO_F32, int(wtype), kind, k, _NO_Q, af, ids, _NO_U8, yf.reshape(-1), 4 * k, dst)
+        args = (0, b, _NO_F32, int(wtype), kind, matmul.PATH_VEC_DOT, k, _NO_Q, af, ids, _NO_U8, yf.reshape(-1), 4 * k,
+                dst)
     else:
         vt = TYPE_TRAITS_CPU[wtype].vec_dot_type
         rs = row_size(vt, k)
         yq = scratch("yq_id", rs * n_tokens * n_b)   # not mul_mat's "yq": that one may hold a row a later product reuses
         xflat = b.reshape(-1) if b.flags.c_contiguous else _NO_F32
         steps = []
-        args = (int(vt), b, xflat, int(wtype), -1, k, as4, _NO_F4, ids, yq, _NO_F32, rs, dst)
+        # as llama.cpp's GGML: repacked experts through its gemv, row by row; otherwise an expert with
+        # 8 routed rows or more through its tiled matmul (ggml_compute_forward_mul_mat_id_tiled)
+        path = matmul.quant_path(wtype, tiled.TILED_MIN_COLS, repacked)
+        args = (int(vt), b, xflat, int(wtype), -1, path, k, as4, _NO_F4, ids, yq, _NO_F32, rs, dst)
     return steps + [(Checked(what, _run, args + par, n_expert), ())]
 
 
@@ -160,4 +183,5 @@ def _supported(node):
 
 @forward(Op.MUL_MAT_ID, supports=_supported)
 def _forward_mul_mat_id(node, dst, srcs):
-    return mul_mat_id_steps(srcs[0], node.src[0].type, srcs[1], srcs[2], dst, numba.get_num_threads())
+    return mul_mat_id_steps(srcs[0], node.src[0].type, srcs[1], srcs[2], dst, numba.get_num_threads(),
+                            repack.is_repacked(node.src[0]))

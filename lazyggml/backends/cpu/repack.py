@@ -24,8 +24,9 @@ Q4_0, Q4_K and IQ4_NL rows in multiples of 8 (``q4_0_8x8_q8_0``, ``q4_K_8x8_q8_K
 with s1 = Σ_s scale_s · Σ q·q8 and s2 = Σ_s min_s · bsum_s exact integers (vec_dot's, whose
 ``_k4_sumi_parts`` are the pairs). A product of ``ne11`` columns runs its first ``ne11 − ne11 % 4``
 through the gemm when ``ne11 > 3`` and the rest through the gemv (``forward_mul_mat_one_chunk``).
-MXFP4 also has AVX2 kernels in GGML, and GGML repacks the experts of MUL_MAT_ID too; lazyggml does
-not follow those yet (it has no MXFP4 type), so those weights stay in plain buffers.
+MXFP4 also has AVX2 kernels in GGML; lazyggml has no MXFP4 type. The experts of a MUL_MAT_ID are
+repacked by the same rule (3-D, rows per expert in multiples of 8); GGML multiplies them routed row
+by routed row, through the gemv (``forward_mul_mat_id``), and so does ``matmul_id.py``.
 """
 from __future__ import annotations
 
@@ -65,12 +66,13 @@ class RepackBufferType(BufferType):
         super().__init__("CPU_REPACK", device, alignment=32, host=True)
 
     def supports_op(self, op):
-        """GGML's ``extra_buffer_type::supports_op``: a MUL_MAT of a 2-D weight that ``repack_type``
-        takes, with F32 activations in host memory."""
-        if op.op != Op.MUL_MAT:
+        """GGML's ``extra_buffer_type::supports_op``: a MUL_MAT of a 2-D weight, or a MUL_MAT_ID of
+        3-D experts, that ``repack_type`` takes, with F32 activations in host memory."""
+        dims = {Op.MUL_MAT: 2, Op.MUL_MAT_ID: 3}.get(op.op)
+        if dims is None:
             return False
         w, x = op.src[0], op.src[1]
-        return (w.n_dims() == 2 and repack_type(w) and x.type == Type.F32
+        return (w.n_dims() == dims and repack_type(w) and x.type == Type.F32
                 and (x.buffer is None or x.buffer.is_host()))
 
 
