@@ -199,41 +199,61 @@ def tile_repack_q4_K_q8_K(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, ngemm, acc
 # ------------------------------------------------------------------------------------------------
 
 @njit(inline="always")
-def _b32_dot(n, x, y, yo, ybs, iq4):
+def _b32_quants(x, xb, iq4):
+    """Block xb of a Q4_0 (``iq4`` False) or IQ4_NL row: its 32 signed quants, their magnitudes, d."""
+    q = V._iq4_levels(x, xb + 2) if iq4 else V._q4_0_unpack(x, xb)
+    return q, vabs(q), _F16[load_u16(x, xb)]
+
+
+@njit(inline="always")
+def _b32_step(a, q, aq, xd, y, yb):
+    """The chain ``a`` after one block against the Q8_0 block at y[yb]: fma(float(Σ q·q8), d·d8, a)."""
+    s = hsum_i32(dot4_acc(splat_i32x8(0), aq, vsign(load_i8x32(y, yb + 2), q)))
+    return _fmaf(np.float32(s), xd * _F16[load_u16(y, yb)], a)
+
+
+@njit(inline="always")
+def _b32_dot(n, x, y, yo, iq4):
     a = np.float32(0.0)
     for i in range(n // 32):
-        xb = i * 18
-        yb = yo + i * ybs
-        q = V._iq4_levels(x, xb + 2) if iq4 else V._q4_0_unpack(x, xb)
-        s = hsum_i32(dot4_acc(splat_i32x8(0), vabs(q), vsign(load_i8x32(y, yb + 2), q)))
-        a = _fmaf(np.float32(s), _F16[load_u16(x, xb)] * _F16[load_u16(y, yb)], a)
+        q, aq, xd = _b32_quants(x, i * 18, iq4)
+        a = _b32_step(a, q, aq, xd, y, yo + i * 34)
     return a
+
+
+@njit(inline="always")
+def _b32_cols(n, x, y, yo, ycs, ybs, nc, acc, out, iq4):
+    """Against nc columns: each block unpacked once for all of them, column c's chain in acc[c]."""
+    acc[:nc] = 0
+    for i in range(n // 32):
+        q, aq, xd = _b32_quants(x, i * 18, iq4)
+        for c in range(nc):
+            acc[c] = _b32_step(acc[c], q, aq, xd, y, yo + c * ycs + i * ybs)
+    out[:nc] = acc[:nc]
 
 
 @_fast
 def repack_dot_q4_0_q8_0(n, x, y, yo):
     """A repacked Q4_0 row against one column (``ggml_gemv_q4_0_8x8_q8_0``'s order)."""
-    return _b32_dot(n, x, y, yo, 34, False)
+    return _b32_dot(n, x, y, yo, False)
 
 
 @_fast
 def repack_cols_q4_0_q8_0(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
     """A repacked Q4_0 row against nc columns: gemm and gemv alike."""
-    for c in range(nc):
-        out[c] = _b32_dot(n, x, y, yo + c * ycs, ybs, False)
+    _b32_cols(n, x, y, yo, ycs, ybs, nc, acc, out, False)
 
 
 @_fast
 def repack_dot_iq4_nl_q8_0(n, x, y, yo):
     """A repacked IQ4_NL row against one column (``ggml_gemv_iq4_nl_8x8_q8_0``'s order)."""
-    return _b32_dot(n, x, y, yo, 34, True)
+    return _b32_dot(n, x, y, yo, True)
 
 
 @_fast
 def repack_cols_iq4_nl_q8_0(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
     """A repacked IQ4_NL row against nc columns: gemm and gemv alike."""
-    for c in range(nc):
-        out[c] = _b32_dot(n, x, y, yo + c * ycs, ybs, True)
+    _b32_cols(n, x, y, yo, ycs, ybs, nc, acc, out, True)
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
