@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import lazyggml as lg
-from lazyggml.backends.cpu import tiled
+from lazyggml.backends.cpu import simd, tiled
 from lazyggml.testing import real_gguf
 from llama_cpp_oracle import nmse, run_llama_cpp
 
@@ -45,6 +45,19 @@ PROMPT = ("The quick brown fox jumps over the lazy dog. In the beginning God cre
 TEXTS = [PROMPT, "In 1611, 42 translators met 3.14 times; cost: $1,000.50!",
          "def f(x):\n    return x**2  # square\n\n\n", "Café naïve façade — 日本語のテキスト 😀", "  a  b   c\t\td \n e"]
 CONFIGS = ("reference", "shipped")
+#: llama.cpp's GGML runs the AVX2 code lazyggml follows (an x86 host with AVX2 and FMA, without
+#: AVX-512, where its build adds 16 lanes at a time): then its bits are asserted, else the issue's
+#: targets (NMSE <= 1e-4 at every position, the same greedy tokens)
+BITS = simd.HAVE_AVX2 and "fma" in simd._FEATURES and not simd.HAVE_AVX512
+NMSE_TARGET = 1e-4
+
+
+def assert_same(ours, theirs, what):
+    per_pos = [nmse(a, b) for a, b in zip(ours, theirs)]
+    if BITS:
+        assert np.array_equal(ours, theirs), f"{what}: positions off: {[(i, f'{e:.2g}') for i, e in enumerate(per_pos) if e][:8]}"
+    else:
+        assert max(per_pos) <= NMSE_TARGET, f"{what}: NMSE {max(per_pos):.3g}"
 #: SmolLM2 requantized by llama.cpp's own quantizer into the mixes whose types llama.cpp repacks with
 #: kernels of their own (Q4_0, IQ4_NL: ``repack.py``), compared as shipped with flash attention
 REQUANTIZED = ("q4_0", "iq4_nl")
@@ -121,11 +134,10 @@ def test_tokens_are_llama_cpp(oracle, name):
 
 @pytest.mark.parametrize("config, name, fa", CASES)
 def test_prompt_logits_are_llama_cpps_bits(oracle, config, name, fa, configured):
-    """Every position's logits equal llama.cpp's in the same configuration, bit for bit."""
+    """Every position's logits equal llama.cpp's in the same configuration, bit for bit (``BITS``)."""
     theirs = oracle["logits", config, fa, name]
     ours = model(oracle, name, fa, config).eval(oracle["greedy", config, fa, name]["prompt_ids"])
-    per_pos = [nmse(a, b) for a, b in zip(ours, theirs)]
-    assert np.array_equal(ours, theirs), f"positions off: {[(i, f'{e:.2g}') for i, e in enumerate(per_pos) if e][:8]}"
+    assert_same(ours, theirs, "prompt")
 
 
 @pytest.mark.parametrize("config, name, fa", CASES)
@@ -136,7 +148,7 @@ def test_greedy_continuation_is_llama_cpps(oracle, config, name, fa, configured)
     m = model(oracle, name, fa, config)
     logits = m.eval(g["prompt_ids"], logits_all=False)[-1]
     for k, (tok, theirs) in enumerate(zip(g["ids"], g["logits"])):
-        assert np.array_equal(logits, theirs), f"step {k}: NMSE {nmse(logits, theirs):.3g}"
+        assert_same(logits[None], theirs[None], f"step {k}")
         assert int(np.argmax(logits)) == tok, f"step {k}"
         if k + 1 < N_GREEDY:
             logits = m.eval([tok], logits_all=False)[-1]
@@ -151,5 +163,4 @@ def test_requantized_smollm2_is_llama_cpp_as_shipped(oracle, mix, monkeypatch):
     assert {t.type for t in lg.read_gguf(path).tensors.values()} >= {lg.Type[mix.upper()]}
     _MODELS.clear()
     ours = lg.load_model(path, n_ctx=N_CTX, n_threads=THREADS, flash_attn=True).eval(ids)
-    per_pos = [nmse(a, b) for a, b in zip(ours, theirs)]
-    assert np.array_equal(ours, theirs), f"positions off: {[(i, f'{e:.2g}') for i, e in enumerate(per_pos) if e][:8]}"
+    assert_same(ours, theirs, mix)
