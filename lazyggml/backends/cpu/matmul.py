@@ -205,6 +205,15 @@ def _n_tasks(w4, dst, RT, CT):
 PATH_VEC_DOT, PATH_TILED, PATH_REPACK = 0, 1, 2
 
 
+@njit(inline="always")
+def dot_rows_path(kid, path, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c):
+    """``dispatch.dot_rows`` in the order ``path`` (a repacked weight's: ``repack_rows``); mul_mat_id's too."""
+    if path == PATH_REPACK:
+        D.repack_rows(kid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c)
+    else:
+        D.dot_rows(kid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c)
+
+
 @_kernel
 def _task_fast(kid, path, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
     """One task of a SIMD type; yq is block-major (see _quantize_rows). ``kid`` is the weight's
@@ -214,10 +223,7 @@ def _task_fast(kid, path, n, w4, yq, rs, bsz, dst, t, RT, CT, acc, tmp):
     yo = (i3 * dst.shape[1] + i2) * ne11 * rs + c0 * bsz
     if ne11 == 1:
         # a single column (decode): the register-only kernel, contiguous blocks, row by row
-        if path == PATH_REPACK:
-            D.repack_rows(kid, n, w4, j3, j2, r0, r1, yq, yo, dst, i3, i2, c0)
-        else:
-            D.dot_rows(kid, n, w4, j3, j2, r0, r1, yq, yo, dst, i3, i2, c0)
+        dot_rows_path(kid, path, n, w4, j3, j2, r0, r1, yq, yo, dst, i3, i2, c0)
         return
     if path == PATH_TILED:
         D.tiled_tile(kid, n, w4, j3, j2, r0, r1, yq, yo, bsz, ne11 * bsz, nc, acc, tmp, dst, i3, i2, c0)
@@ -257,11 +263,8 @@ def _rows_chunk(c, nc, kid, path, n, w4, yq, rs, dst):
         b, r0 = lo // ne01, lo % ne01
         r1 = min(ne01, r0 + hi - lo)
         i3, i2 = b // ne12, b % ne12
-        j3, j2 = i3 // (ne13 // w4.shape[0]), i2 // (ne12 // w4.shape[1])
-        if path == PATH_REPACK:
-            D.repack_rows(kid, n, w4, j3, j2, r0, r1, yq, (i3 * ne12 + i2) * rs, dst, i3, i2, 0)
-        else:
-            D.dot_rows(kid, n, w4, j3, j2, r0, r1, yq, (i3 * ne12 + i2) * rs, dst, i3, i2, 0)
+        dot_rows_path(kid, path, n, w4, i3 // (ne13 // w4.shape[0]), i2 // (ne12 // w4.shape[1]), r0, r1,
+                      yq, (i3 * ne12 + i2) * rs, dst, i3, i2, 0)
         lo += r1 - r0
 
 

@@ -88,13 +88,11 @@ def _task(kid, kind, path, n, aq, af, ids, y, yf, rs, n_b, dst, t, counts, acc):
         return 1 if r0 == 0 else 0     # counted once per pair
     yo = (tok * n_b + e % n_b) * rs
     if kind < 0:
-        if path == matmul.PATH_REPACK:
-            D.repack_rows(kid, n, aq, 0, x, r0, r1, y, yo, dst, 0, tok, e)
-        elif path == matmul.PATH_TILED and counts[x] >= tiled.TILED_MIN_COLS:
+        if path == matmul.PATH_TILED and counts[x] >= tiled.TILED_MIN_COLS:
             D.tiled_tile(kid, n, aq, 0, x, r0, r1, y, yo, rs, V.Q8_K_SIZE, 1, acc, acc[acc.size - 2:],
                          dst, 0, tok, e)
         else:
-            D.dot_rows(kid, n, aq, 0, x, r0, r1, y, yo, dst, 0, tok, e)
+            matmul.dot_rows_path(kid, path, n, aq, 0, x, r0, r1, y, yo, dst, 0, tok, e)
     else:
         dot_rows_float(kind, n, af[0, x], r0, r1, yf, yo, dst[0, tok, e])
     return 0

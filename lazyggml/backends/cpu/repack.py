@@ -78,7 +78,7 @@ class RepackBufferType(BufferType):
 
 def is_repacked(t):
     """Whether weight ``t`` lives in a CPU_REPACK buffer (its products then run the repacked order)."""
-    buf = t.data_buffer() if t.view_src is not None else t.buffer
+    buf = t.data_buffer()
     return buf is not None and isinstance(buf.buft, RepackBufferType)
 
 
