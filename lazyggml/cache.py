@@ -56,6 +56,7 @@ import os
 import re
 import sys
 
+from . import debug
 from .debug import log
 
 try:
@@ -90,9 +91,9 @@ def user_cache_root() -> str:
 
 def cache_dir() -> str:
     """The kernel cache directory, as the module docstring orders the choices."""
-    for var in ("LAZYGGML_CACHE_DIR", "NUMBA_CACHE_DIR"):
-        if os.environ.get(var):
-            return os.path.abspath(os.path.expanduser(os.environ[var]))
+    chosen = debug.value("LAZYGGML_CACHE_DIR") or os.environ.get("NUMBA_CACHE_DIR")
+    if chosen:
+        return os.path.abspath(os.path.expanduser(chosen))
     return os.path.join(user_cache_root(), "lazyggml", VERSION)
 
 
@@ -208,6 +209,7 @@ def tie_cache(namespace: dict, salt: str, *paths: str) -> None:
     and a cache written with ``LAZYGGML_SIMD=portable`` would be reused without it. We fold a hash
     of the dependencies into each function's cache stamp (numba's ``IndexDataCacheFile``), so any
     change invalidates the entry. If a future Numba renames these internals, this does nothing.
+    tests/test_cache_deps.py checks each CPU module's list against the code its kernels reach.
     """
     h = hashlib.sha256(salt.encode())
     for p in paths:

@@ -54,7 +54,6 @@ rows right, GET_ROWS' other rows zeros, no byte written that a good index does n
 from __future__ import annotations
 
 import math
-import os
 import random
 import zlib
 from dataclasses import dataclass, field
@@ -62,7 +61,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import ops, quants
+from . import debug, ops, quants
 from .alloc import Gallocr, alloc_ctx_tensors
 from .backend import backend_graph_compute, tensor_get, tensor_get_bytes, tensor_set
 from .backends.cpu import CPUBackend, backend_cpu_init
@@ -76,7 +75,8 @@ NEOX = ops.ROPE_TYPE_NEOX
 MAX_NMSE = 1e-7
 MUL_MAT_NMSE = 5e-4   # GGML's test_mul_mat::max_nmse_err
 FLASH_ATTN_NMSE = 5e-4   # GGML's test_flash_attn_ext::max_nmse_err, for F16 K/V (F16 dot products, F16 sums)
-SEED = int(os.environ.get("LAZYGGML_TEST_SEED", random.randrange(2**31)))
+_SEED = debug.value("LAZYGGML_TEST_SEED")
+SEED = int(_SEED) if _SEED is not None else random.randrange(2**31)
 
 
 

@@ -7,8 +7,7 @@ leave one out.
 """
 from __future__ import annotations
 
-import os
-
+from . import debug
 from .backend import DeviceType
 
 __all__ = ["register_backend", "reg_count", "reg_get", "reg_by_name", "dev_count", "dev_get", "dev_by_name",
@@ -18,16 +17,12 @@ __all__ = ["register_backend", "reg_count", "reg_get", "reg_by_name", "dev_count
 _registries = None
 
 
-def _enabled(name):
-    return os.environ.get(f"LAZYGGML_DISABLE_{name}", "0") in ("", "0")
-
-
 def _builtin_registries():
     regs = []
-    if _enabled("CUDA"):
+    if not debug.flag("LAZYGGML_DISABLE_CUDA"):
         from .backends import cuda
         regs.append(cuda.registry())
-    if _enabled("OPENCL"):
+    if not debug.flag("LAZYGGML_DISABLE_OPENCL"):
         from .backends import opencl
         regs.append(opencl.registry())
     from .backends import cpu

@@ -153,6 +153,7 @@ from __future__ import annotations
 
 from numba import njit
 
+from ... import types
 from ...cache import tie_cache
 from . import {imports}
 
@@ -240,8 +241,9 @@ def render() -> str:
         out.append("    },")
     out.append("}")
     files = ", ".join(f"{m}.__file__" for m in sorted(modules))
-    out += ["", "# the cache of every switch above also depends on the kernels' files (lazyggml.cache.tie_cache)",
-            f"tie_cache(globals(), simd.ISA, {files}, __file__)"]
+    out += ["", "# the cache of every switch above also depends on the kernels' files, and on types.py for their",
+            "# block sizes and tables (lazyggml.cache.tie_cache)",
+            f"tie_cache(globals(), simd.ISA, {files},", "          types.__file__, __file__)"]
     return "\n".join(out) + "\n"
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ... import types
 from ...cache import tie_cache
 from ...types import Type, as_type, blck_size, row_size, type_name
 from . import dispatch, quant
@@ -117,4 +118,4 @@ def dequantize(t, data, n_per_row: int) -> np.ndarray:
 
 
 # the cache of the parallel drivers also depends on the switches and the kernels they call
-tie_cache(globals(), "", quant.__file__, dispatch.__file__, __file__)
+tie_cache(globals(), "", quant.__file__, dispatch.__file__, types.__file__, __file__)

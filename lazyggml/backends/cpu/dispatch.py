@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from numba import njit
 
+from ... import types
 from ...cache import tie_cache
 from . import quant, repack, simd, tiled, vec_dot
 
@@ -449,5 +450,7 @@ SWITCHES = {
     },
 }
 
-# the cache of every switch above also depends on the kernels' files (lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, quant.__file__, repack.__file__, simd.__file__, tiled.__file__, vec_dot.__file__, __file__)
+# the cache of every switch above also depends on the kernels' files, and on types.py for their
+# block sizes and tables (lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, quant.__file__, repack.__file__, simd.__file__, tiled.__file__, vec_dot.__file__,
+          types.__file__, __file__)

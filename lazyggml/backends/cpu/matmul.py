@@ -51,13 +51,13 @@ for the CPU backend's plans: argument checks and scratch buffers once per graph,
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import numba
 import numpy as np
 from numba import njit
 
+from ... import debug, types
 from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, as_type, row_size, type_size
@@ -119,7 +119,7 @@ FLOAT_PARALLEL_MIN_MACS = 1 << 17
 #: attention without flash attention, and its F32/F16/BF16 weights' prompts, give these bits); off
 #: (``LAZYGGML_LLAMAFILE=0``), every product is GGML's vec_dot order, as GGML built alone
 #: (ggml-python) computes. Read when a graph's plan is made.
-LLAMAFILE = os.environ.get("LAZYGGML_LLAMAFILE", "1") != "0"
+LLAMAFILE = debug.flag("LAZYGGML_LLAMAFILE")
 
 
 # =================================================================================================
@@ -500,7 +500,7 @@ def mul_mat_steps(w, wtype, x, dst, nth, repacked=False):
 
 # the cache of every driver above also depends on these files (see lazyggml.cache.tie_cache)
 tie_cache(globals(), simd.ISA, simd.__file__, Q.__file__, V.__file__, D.__file__, common.__file__, pool.__file__,
-          tiled.__file__, repack.__file__, __file__)
+          tiled.__file__, repack.__file__, types.__file__, __file__)
 
 
 def _mul_mat_supported(node):

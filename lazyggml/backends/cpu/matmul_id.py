@@ -30,10 +30,11 @@ import numba
 import numpy as np
 from numba import njit
 
+from ... import types
 from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, row_size, type_size
-from . import common, matmul, pool, repack, simd, tiled
+from . import common, matmul, pool, quant, repack, simd, tiled
 from . import dispatch as D
 from . import vec_dot as V
 from .common import FLOAT_TYPES, KIND, KIND_F32, chunk
@@ -129,7 +130,7 @@ def _run(vtid, x4, xflat, kid, kind, path, n, aq, af, ids, y, yf, rs, dst, count
 
 # the cache of every driver above also depends on these files (see lazyggml.cache.tie_cache)
 tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, D.__file__, common.__file__, matmul.__file__, pool.__file__,
-          tiled.__file__, __file__)
+          quant.__file__, repack.__file__, tiled.__file__, types.__file__, __file__)
 
 
 def mul_mat_id_steps(as4, wtype, b, ids, dst, nth, repacked=False):

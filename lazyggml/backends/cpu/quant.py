@@ -37,6 +37,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ... import types
+from ...cache import tie_cache
 from ...types import KVALUES_IQ4NL, QK_K
 
 _kernel = njit(cache=True, error_model="numpy")
@@ -1174,3 +1176,7 @@ def dequantize_row_iq4_xs(x, y):
                 q = x[o + 8 + 16 * ib + j]
                 y[QK_K * i + 32 * ib + j] = dl * np.float32(KVALUES_IQ4NL[q & 0xF])
                 y[QK_K * i + 32 * ib + j + 16] = dl * np.float32(KVALUES_IQ4NL[q >> 4])
+
+
+# the cache of every kernel above also depends on types.py (its block sizes and tables)
+tie_cache(globals(), "", types.__file__, __file__)

@@ -34,10 +34,11 @@ import numpy as np
 from numba import njit
 
 from ...buffer import BufferType
+from ... import types
 from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type
-from . import simd
+from . import quant, simd
 from . import vec_dot as V
 from .quant import TABLE_F32_F16 as _F16
 from .simd import (bcast_half, bcast_pair, dot4_acc, fma, hsum_i32, lane, load_f32, load_f32x8,
@@ -257,4 +258,4 @@ def repack_cols_iq4_nl_q8_0(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, quant.__file__, types.__file__, __file__)

@@ -31,7 +31,6 @@ runs.
 """
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
@@ -41,12 +40,13 @@ from numba._dispatcher import compute_fingerprint
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ... import debug
 from ...cache import tie_cache
 from . import pool
 from .pool import _borrowed
 from .table import Checked, _arg_type, check_indices, compiled
 
-ENABLED = os.environ.get("LAZYGGML_CPU_REPLAY", "1") != "0"
+ENABLED = debug.flag("LAZYGGML_CPU_REPLAY")
 _HEAD = 8    # bytes before a step's arguments in the area: the kernel's address
 _ENTRY_ARGS = (types.CPointer(types.int8),)   # an entry's argument: its step's place in the area
 _I64 = ir.IntType(64)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ... import types
 from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, is_quantized, type_size
@@ -139,4 +140,5 @@ def set_rows_forward(node, dst, srcs):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, dispatch.__file__, common.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, dispatch.__file__, common.__file__, types.__file__,
+          __file__)

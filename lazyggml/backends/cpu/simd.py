@@ -47,7 +47,6 @@ Floating-point contract: ``fma`` is ``llvm.fmuladd``, a fused multiply-add where
 """
 from __future__ import annotations
 
-import os
 import platform
 
 from llvmlite import ir
@@ -55,6 +54,8 @@ from numba import types
 from numba.core import config
 from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic, models, register_model
+
+from ... import debug
 
 # ---------------------------------------------------------------------------------------------------
 # Which instruction set: decided once, at import.
@@ -69,7 +70,7 @@ def _target_features() -> str:
 
 
 _FEATURES = set(f[1:] for f in _target_features().split(",") if f.startswith("+"))
-_REQUEST = os.environ.get("LAZYGGML_SIMD", "auto").strip().lower()
+_REQUEST = debug.value("LAZYGGML_SIMD").strip().lower()
 if _REQUEST not in ("auto", "portable"):
     raise ValueError(f"LAZYGGML_SIMD={_REQUEST!r}: expected 'auto' or 'portable'")
 

@@ -22,13 +22,12 @@ computes every product).
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 from numba import njit
 
+from ... import debug, types
 from ...cache import tie_cache
-from . import simd
+from . import quant, simd
 from . import vec_dot as V
 from .quant import TABLE_F32_F16 as _F16
 from .simd import (bcast_half, bcast_pair, fma, hsum_i32, load_f32, load_f32x8, load_i8x16,
@@ -40,7 +39,7 @@ _fast = njit(cache=True)
 #: Quantized products of TILED_MIN_COLS columns or more in the tiled order, as llama.cpp's GGML
 #: computes them (``ggml_tiled_min_batch``); off (``LAZYGGML_TILED_MM=0``, as
 #: ``GGML_CPU_TILED_MM=0``), vec_dot's order. Read when a graph's plan is made.
-TILED = os.environ.get("LAZYGGML_TILED_MM", "1") != "0"
+TILED = debug.flag("LAZYGGML_TILED_MM")
 TILED_MIN_COLS = 8
 
 
@@ -176,4 +175,4 @@ def tiled_cols_iq4_xs_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, quant.__file__, types.__file__, __file__)

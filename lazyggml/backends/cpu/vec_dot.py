@@ -58,6 +58,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ... import types
 from ...cache import tie_cache
 from ...types import KVALUES_IQ4NL
 from . import quant, simd
@@ -1868,4 +1869,4 @@ def vec_dot_bf16(n, x, y):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, types.__file__, __file__)

@@ -30,12 +30,12 @@ may still use them).
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections import OrderedDict
 
 import numpy as np
 
+from ... import debug
 from ...backend import Backend, Device, DeviceType, Registry
 from ...buffer import Buffer, BufferType, Status
 from ...errors import OutOfMemoryError
@@ -259,7 +259,7 @@ class CUDABackend(Backend):
         # (kind, tensor, bytes) of the activations quantized in the "q8" work area, for reuse by the
         # next product of the same tensor in this run (cuda/ops.py's MUL_MAT); None when stale
         self.q8_of = None
-        self.use_graphs = not simulated() and os.environ.get("LAZYGGML_CUDA_GRAPHS", "1") != "0"
+        self.use_graphs = not simulated() and debug.flag("LAZYGGML_CUDA_GRAPHS")
 
     # -- what the kernels' glue uses
     def view(self, t, dtype, extra=0, cols=None):
@@ -485,7 +485,7 @@ def registry():
         except ImportError:
             return None
         if simulated():
-            n_sim = os.environ.get("LAZYGGML_CUDA_SIM", "")
+            n_sim = debug.value("LAZYGGML_CUDA_SIM")
             if not n_sim.isdigit() or int(n_sim) < 1:
                 return None
             devices = [CUDADevice(i, "numba-cuda simulator") for i in range(int(n_sim))]

@@ -57,7 +57,7 @@ from numba import config, cuda
 from numba.core import types
 from numba.core.extending import intrinsic
 
-from ... import compiling
+from ... import compiling, debug
 
 SIM = bool(config.ENABLE_CUDASIM)
 
@@ -154,7 +154,7 @@ def device(fn):
 def _dp4a_impl():
     if SIM:
         return "sim"
-    forced = os.environ.get("LAZYGGML_CUDA_DP4A", "")
+    forced = debug.value("LAZYGGML_CUDA_DP4A")
     if forced in ("link", "ptx"):
         return forced
     return "ptx"   # cacheable (see the module docstring)

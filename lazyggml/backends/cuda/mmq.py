@@ -45,12 +45,11 @@ Unlike GGML's MMA kernel the factors ``d·sc`` stay in float32 (GGML rounds them
 """
 from __future__ import annotations
 
-import os
-
 import numba
 import numpy as np
 from numba import cuda
 
+from ... import debug
 from . import common
 from .common import (F32_ZERO, Q8_1_MMQ_INTS, cdiv, device, dp4a, half2_float2, jit_kernel, load_int4,
                      store_int4, tensor_cores)
@@ -327,7 +326,7 @@ def _make_mma_kernel(J):
 
 def use_mma():
     """Tensor cores when the GPU has int8 MMA (sm_80+) unless ``LAZYGGML_CUDA_MMQ=dp4a``."""
-    return tensor_cores() and os.environ.get("LAZYGGML_CUDA_MMQ", "") != "dp4a"
+    return tensor_cores() and debug.value("LAZYGGML_CUDA_MMQ") != "dp4a"
 
 
 def pick_J(ncols):

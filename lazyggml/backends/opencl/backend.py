@@ -365,7 +365,7 @@ def registry():
     global _registry
     if _registry is None:
         devices = discover()
-        want = os.environ.get("LAZYGGML_OPENCL_DEVICE", "").strip()
+        want = debug.value("LAZYGGML_OPENCL_DEVICE").strip()
         if want:
             devices = _select(devices, want)
         if not devices:
