@@ -332,8 +332,8 @@ def profile_decode(path, args, n_steps):
             mod = importlib.import_module("lazyggml.backends.cpu." + os.path.basename(file)[:-3])
             if isinstance(getattr(mod, func, None), Dispatcher):
                 kernel_s += tt
-    (_, n_kv, _), (_, g, *_) = next(reversed(m._decode.items()))   # the last decode step's graph
-    summary = (f"{n_steps} decode steps (n_kv {n_kv}, {len(g.nodes)} graph nodes): "
+    (_, n_kv, _), step = next(reversed(m.graphs.decode.items()))   # the last decode step's graph
+    summary = (f"{n_steps} decode steps (n_kv {n_kv}, {len(step.graph.nodes)} graph nodes): "
                f"{plain * 1e3:.2f} ms/step without the profiler, {prof * 1e3:.2f} ms/step under it, "
                f"of which {kernel_s / n_steps * 1e3:.2f} ms/step inside Numba kernels")
     out = io.StringIO()

@@ -314,13 +314,13 @@ def _chat(args, path, watch, notice):
                   f"(-c): the chat ends here", file=sys.stderr)
             return 0
         # keep the longest common prefix in the cache (at least one token must be evaluated, for
-        # its logits); cells after it are overwritten, and the causal mask hides them meanwhile
+        # its logits): the cells after it are given up
         keep = 0
         while keep < min(len(cached), len(ids) - 1) and cached[keep] == ids[keep]:
             keep += 1
         if keep == 0:
             model.reset()
-        model.n_past = keep
+        model.kv.seq_rm(0, keep, -1)
         stats, compiled = _stream(args, model, ids[keep:], watch, notice)
         print()
         cached = (ids + stats["tokens"])[:model.n_past]

@@ -32,7 +32,9 @@ def nmse(a, b):
 # argv: the job file, the result file. The job: "reference" (bool), "flash_attn" (bool), "quantize" [{src, dst, mix,
 # requantize}], "logits" [{path, n_ctx, tokens, out (.npy)}], "greedy" [{path, n_ctx, prompts, n, and optionally
 # out: a prefix; the logits of every step of prompt i are saved to f"{out}-{i}.npy"}], "tokenize" [{path,
-# texts}] (each text with BOS, parse_special False, as ``Model.tokenize``).
+# texts}] (each text with BOS, parse_special False, as ``Model.tokenize``), "shift" [{path, n_ctx, first,
+# n_keep, n_discard, then, out}]: a context shift (``first`` evaluated, the n_discard tokens after the
+# first n_keep removed and the rest moved back by n_discard, ``then`` evaluated; its logits saved).
 LLAMA_CPP_CHILD = r"""
 import json, sys
 import numpy as np
@@ -50,7 +52,7 @@ if job["reference"]:
         return p
     C.llama_model_default_params = _params
 
-for q in job["quantize"]:
+for q in job.get("quantize", []):
     p = llama_cpp.llama_model_quantize_default_params()
     p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + q["mix"].upper())
     p.nthread = 2
@@ -63,14 +65,14 @@ def load(path, n_ctx):
     return llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=2, logits_all=True, verbose=False,
                            flash_attn=job["flash_attn"])
 
-for e in job["logits"]:
+for e in job.get("logits", []):
     llm = load(e["path"], e["n_ctx"])
     llm.eval(e["tokens"])
     np.save(e["out"], np.array(llm.scores[:len(e["tokens"])], np.float32))
     llm.close()
 
 greedy = {}
-for e in job["greedy"]:
+for e in job.get("greedy", []):
     llm = load(e["path"], e["n_ctx"])
     res = []
     for text in e["prompts"]:
@@ -88,6 +90,17 @@ for e in job["greedy"]:
             np.save(f"{e['out']}-{len(res)}.npy", np.array(steps))
         res.append({"prompt_ids": [int(i) for i in ids], "ids": gen})
     greedy[e["path"]] = res
+    llm.close()
+
+for e in job.get("shift", []):
+    llm = load(e["path"], e["n_ctx"])
+    llm.eval(e["first"])
+    keep, discard = e["n_keep"], e["n_discard"]
+    llm._ctx.kv_cache_seq_rm(0, keep, keep + discard)
+    llm._ctx.kv_cache_seq_shift(0, keep + discard, -1, -discard)
+    llm.n_tokens -= discard
+    llm.eval(e["then"])
+    np.save(e["out"], np.array(llm.scores[llm.n_tokens - len(e["then"]):llm.n_tokens], np.float32))
     llm.close()
 
 tokens = {}

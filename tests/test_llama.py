@@ -264,7 +264,7 @@ def test_flash_attention_gives_the_unfused_logits(tiny, monkeypatch):
     path, hp, w, tol = tiny
     toks = _tokens(14, hp.n_vocab, SEED + 3)
     fused = lg.load_model(path, flash_attn=True)
-    assert fused.flash_attn and fused.v_cache[0].ne[:2] == (hp.n_embd_v_gqa, fused.n_ctx)
+    assert fused.flash_attn and fused.kv.v[0].ne[:2] == (hp.n_embd_v_gqa, fused.n_ctx)
     got = np.concatenate([fused.eval(toks[:9])] + [fused.eval([t]) for t in toks[9:]])
     assert _nmse(got, reference_logits(hp, w, toks)) < tol, f"seed {SEED}"
     assert lg.load_model(path).flash_attn
@@ -359,6 +359,25 @@ def test_family_logits_match_float64_reference(family, where):
         assert _nmse(reference_logits(dataclasses.replace(hp, swa_layers=()), w, toks), ref) > 1e-3
 
 
+def test_every_tensor_an_architecture_declares_feeds_a_declared_op():
+    """The loader places each weight by the op ``archs.TENSOR_OPS`` says it feeds: every tensor of
+    every architecture (with experts where it has them) has one, and an unknown kind is an error."""
+    from lazyggml.models.archs import ARCHITECTURES, TENSOR_OPS, tensor_op
+    from lazyggml.models.loader import weight_node
+    for arch in ARCHITECTURES.values():
+        for n_expert in (0, 4):
+            hp = lg.HParams(arch.name, n_vocab=32, n_ctx_train=64, n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2,
+                            n_embd_head_k=16, n_embd_head_v=16, n_rot=16, f_norm_rms_eps=1e-6, rope_freq_base=1e4,
+                            rope_scaling_type="none", rope_freq_scale=1.0, n_ctx_orig_yarn=64, n_expert=n_expert,
+                            n_expert_used=2 if n_expert else 0, n_ff_exp=64 if n_expert else 0)
+            required, optional = arch.tensors(hp)
+            for name, ne in {**required, **optional}.items():
+                assert weight_node(name, lg.F32, ne).op == tensor_op(name), (arch.name, name)
+    assert set(TENSOR_OPS.values()) == {lg.Op.GET_ROWS, lg.Op.MUL, lg.Op.ADD, lg.Op.ROPE, lg.Op.MUL_MAT, lg.Op.MUL_MAT_ID}
+    with pytest.raises(KeyError, match="blk.0.ffn_mystery.weight"):
+        tensor_op("blk.0.ffn_mystery.weight")
+
+
 def test_gemma3_with_every_layer_sliding(tmp_path):
     """Fewer layers than Gemma 3's period of 6: every layer slides, so the graph has only the
     sliding-window mask; a prefill and decode steps past the window give the float64 reference's
@@ -412,15 +431,15 @@ def test_decode_graphs_are_kept_per_kv_window(tmp_path, monkeypatch):
     """A decode step reuses the graph of its KV window (256 cells each) after a prompt, a reset and
     other windows in between: nothing is rebuilt. At most DECODE_GRAPHS are kept; a fifth window
     takes the least recently used one's scheduler. The logits are a fresh model's."""
-    from lazyggml.models import runner
+    from lazyggml.models import graphs
     path = str(tmp_path / "m.gguf")
     make_tiny_llama(path, n_layer=1, n_embd=256, n_head=4, n_head_kv=4, n_ff=512, n_vocab=300,
                     n_ctx=1280, seed=SEED)
     toks = _tokens(1100, 300, SEED)
     model = lg.load_model(path)
     built = []
-    real = model._build
-    monkeypatch.setattr(model, "_build", lambda sched, *key: built.append(key) or real(sched, *key))
+    real = model.graphs.build
+    monkeypatch.setattr(model.graphs, "build", lambda sched, *key: built.append(key) or real(sched, *key))
 
     def decode_at(depth):
         model.reset()
@@ -438,7 +457,7 @@ def test_decode_graphs_are_kept_per_kv_window(tmp_path, monkeypatch):
     assert not [k for k in built if k[0] == 1]               # window 256's graph, kept
     assert np.array_equal(again, first)
     decode_at(1050)                                          # a fifth window: 512's scheduler goes
-    assert len(model._decode) == runner.DECODE_GRAPHS and (1, 512, True) not in model._decode
+    assert len(model.graphs.decode) == graphs.DECODE_GRAPHS and (1, 512, True) not in model.graphs.decode
     fresh = lg.load_model(path)
     for depth in (600, 1050):
         fresh.reset()
@@ -450,15 +469,15 @@ def test_prompt_graphs_are_kept_per_shape(tmp_path, monkeypatch):
     """A prompt's micro-batches (64 tokens, KV windows of 32 cells) come back in the same shapes
     after a reset: their graphs are kept (PROMPT_GRAPHS at most, least recently used given up) and
     nothing is rebuilt; the logits are the first run's."""
-    from lazyggml.models import runner
+    from lazyggml.models import graphs
     path = str(tmp_path / "m.gguf")
     make_tiny_llama(path, n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=300, n_ctx=512,
                     seed=SEED)
     toks = _tokens(400, 300, SEED)
     model = lg.load_model(path, n_batch=64)
     built = []
-    real = model._build
-    monkeypatch.setattr(model, "_build", lambda sched, *key: built.append(key) or real(sched, *key))
+    real = model.graphs.build
+    monkeypatch.setattr(model.graphs, "build", lambda sched, *key: built.append(key) or real(sched, *key))
     first = model.eval(toks[:200], logits_all=False)            # micro-batches of 64, 64, 64, 8
     # (new schedulers reserve with (64, n_ctx, False))
     assert [k for k in built if k[0] > 1 and k[1] != 512] == [(64, 64, False), (64, 128, False), (64, 192, False),
@@ -469,7 +488,7 @@ def test_prompt_graphs_are_kept_per_shape(tmp_path, monkeypatch):
     assert not built
     model.reset()
     model.eval(toks[:320], logits_all=False)                    # (64, 256), (64, 320): two new shapes
-    assert len(model._prompt) == runner.PROMPT_GRAPHS and (64, 64, False) not in model._prompt
+    assert len(model.graphs.prompt) == graphs.PROMPT_GRAPHS and (64, 64, False) not in model.graphs.prompt
 
 
 def test_prefill_longer_than_a_micro_batch(tmp_path):

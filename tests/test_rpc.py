@@ -128,7 +128,7 @@ def test_our_client_and_server_give_the_local_logits(models, ours, mix, flash_at
     np.testing.assert_array_equal(got, want)
     for g, w in zip(steps, want_steps):
         np.testing.assert_array_equal(g, w)
-    assert any(isinstance(b, RPCBuffer) for b in model.weight_buffers)
+    assert any(isinstance(b, RPCBuffer) for b in model.weights.buffers)
 
 
 def test_decode_steps_resend_only_graph_recompute(models, ours, monkeypatch):
@@ -221,7 +221,7 @@ def test_dead_server_mid_session_is_a_clear_error_and_frees(models):
         srv.kill()
     with pytest.raises(P.RPCError, match=srv.endpoint):
         model.eval([7])
-    assert all(b.size == 0 for b in model.weight_buffers if isinstance(b, RPCBuffer)), \
+    assert all(b.size == 0 for b in model.weights.buffers if isinstance(b, RPCBuffer)), \
         "the dead connection's buffers are released"
 
 

@@ -10,6 +10,10 @@ An ``Arch`` says what a family's files hold and how its graph is built:
 * ``rope_type``: GGML's RoPE mode for queries and keys;
 * ``build(b)``: the graph, from a ``builder.GraphBuilder``.
 
+``TENSOR_OPS`` says which op the graph makes of each kind of tensor (llama.cpp's ``LLM_TENSOR_INFOS``):
+the loader asks a backend whether it runs that op on the weight before placing it there
+(``loader.py``), so placement never guesses from names; a tensor kind missing from it is an error.
+
 A new family adds its row here, its graph function in a module of its own when LLaMA's does not
 serve, and its hyper-parameter keys in ``hparams.py`` when it has any beyond the common ones.
 """
@@ -20,11 +24,39 @@ from typing import Callable
 
 from ..errors import GGUFError
 from ..ops import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL
+from ..types import Op
 from .gemma3 import build_gemma3
 from .llama import build_llama
 from .phi3 import build_phi3
 
-__all__ = ["Arch", "ARCHITECTURES", "get_arch"]
+__all__ = ["Arch", "ARCHITECTURES", "TENSOR_OPS", "get_arch", "tensor_op"]
+
+#: The op each kind of tensor feeds (the name without ``blk.N.``): token embeddings are gathered, norms
+#: and Gemma's post-norms multiply a hidden state, biases are added to one, RoPE's frequency factors
+#: scale its angles, experts' stacked matrices multiply it through the router's choice, every other
+#: matrix multiplies it.
+TENSOR_OPS = {
+    "token_embd.weight": Op.GET_ROWS,
+    "output_norm.weight": Op.MUL, "output.weight": Op.MUL_MAT,
+    "rope_freqs.weight": Op.ROPE, "rope_factors_long.weight": Op.ROPE, "rope_factors_short.weight": Op.ROPE,
+    "attn_norm.weight": Op.MUL, "attn_q_norm.weight": Op.MUL, "attn_k_norm.weight": Op.MUL,
+    "post_attention_norm.weight": Op.MUL, "ffn_norm.weight": Op.MUL, "post_ffw_norm.weight": Op.MUL,
+    "attn_q.weight": Op.MUL_MAT, "attn_k.weight": Op.MUL_MAT, "attn_v.weight": Op.MUL_MAT,
+    "attn_qkv.weight": Op.MUL_MAT, "attn_output.weight": Op.MUL_MAT,
+    "attn_q.bias": Op.ADD, "attn_k.bias": Op.ADD, "attn_v.bias": Op.ADD, "attn_output.bias": Op.ADD,
+    "ffn_gate.weight": Op.MUL_MAT, "ffn_up.weight": Op.MUL_MAT, "ffn_down.weight": Op.MUL_MAT,
+    "ffn_gate_inp.weight": Op.MUL_MAT,
+    "ffn_gate_exps.weight": Op.MUL_MAT_ID, "ffn_up_exps.weight": Op.MUL_MAT_ID, "ffn_down_exps.weight": Op.MUL_MAT_ID,
+}
+
+
+def tensor_op(name):
+    """The op the graph makes of tensor ``name`` (``TENSOR_OPS``, by its kind)."""
+    kind = name.split(".", 2)[2] if name.startswith("blk.") else name
+    op = TENSOR_OPS.get(kind)
+    if op is None:
+        raise KeyError(f"tensor {name!r}: its kind {kind!r} has no op in archs.TENSOR_OPS")
+    return op
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ blocks that families share:
 * ``ffn(il, h)``: the gated feed-forward network, ``down @ (silu(gate @ h) * (up @ h))``;
 * ``output(x)``: the last token's (or every token's) hidden state, normed, times ``output.weight``.
 
-The KV cache layout is the runner's (``runner.py``): K has an F16 row of ``n_embd_k_gqa`` per cell; V
-too with flash attention, else V is stored transposed (row j holds element j of every cell), as
-llama.cpp's ``v_trans``, so that ``v^T @ kq`` reads the window's rows in place.
+The graph's inputs are ``GraphInput`` objects (``inputs.py``) that fill themselves from a micro-batch:
+the builder makes the tokens' and positions', the KV cache (``kv_cache.py``) its cell indices and
+masks, and owns its layout (V transposed without flash attention) and the nodes that write and read
+it. ``build_shift`` makes the graph that rotates the cached keys after ``KVCache.seq_add``.
 """
 from __future__ import annotations
 
@@ -29,64 +30,61 @@ import math
 
 from .. import ops
 from ..graph import Graph
-from ..tensor import Context, set_input, set_output
+from ..tensor import Context, set_output
 from ..types import Type
+from .inputs import GraphInput, GraphTensor
 
-__all__ = ["GraphBuilder", "ROPE_FACTORS"]
-
-#: RoPE's per-dimension frequency factors, one tensor for every layer: Llama 3.1's, Phi-3's long and
-#: short ones (the runner gives each layer's device a copy: ``Model.w_on``)
-ROPE_FACTORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+__all__ = ["GraphBuilder"]
 
 
 class GraphBuilder:
-    """One forward pass under construction for ``model`` (a ``runner.Model``): ``graph``, the
-    ``inputs`` in the order ``runner.Model`` fills them (tokens, positions, KV cells, V cells or
-    None, causal mask, sliding-window mask; a mask no layer uses is None) and, once ``output`` ran,
-    ``logits``."""
+    """One forward pass under construction: the model's ``weights`` (a ``loader.Weights``), its
+    ``kv`` cache (a ``KVCache``), attention ``flash_attn`` or not, a micro-batch of ``n_tokens``
+    tokens over a window of ``n_kv`` cells, the logits of every token or of the last. ``build()``
+    makes ``graph``, its ``inputs`` (``GraphInput``s, each filled from a ``UBatch``) and ``logits``
+    (a ``GraphTensor``); ``pins`` are the (tensor, backend) pairs the scheduler must keep."""
 
-    def __init__(self, model, n_tokens, n_kv, logits_all):
-        self.hp, self.w, self.arch = model.hp, model.w, model.arch
-        self.w_on, self.layer_backends, self.backends = model.w_on, model.layer_backends, model.backends
-        self.k_cache, self.v_cache, self.flash_attn = model.k_cache, model.v_cache, model.flash_attn
-        self.n_tokens, self.n_kv, self.logits_all, self.n_ctx = n_tokens, n_kv, logits_all, model.n_ctx
+    def __init__(self, weights, kv, flash_attn, graph_size, n_tokens, n_kv, logits_all):
+        self.weights, self.kv, self.flash_attn = weights, kv, flash_attn
+        self.hp, self.w = weights.hp, weights.tensors
+        self.n_tokens, self.n_kv, self.logits_all = n_tokens, n_kv, logits_all
         self.ctx = Context()
-        self.graph = Graph(model.sched.graph_size)
+        self.graph = Graph(graph_size)
         self.logits = None
         self.pins = []    # (tensor, backend) the scheduler must keep where they are (layer_out)
-        hp, ctx = self.hp, self.ctx
+        ctx = self.ctx
         with ctx:
-            self.tokens = ctx.new_tensor_1d(Type.I32, n_tokens)
-            self.pos = ctx.new_tensor_1d(Type.I32, n_tokens)
-            self.kv_idxs = ctx.new_tensor_1d(Type.I64, n_tokens)
-            self.v_idxs = None if self.flash_attn else ctx.new_tensor_1d(Type.I64, n_tokens * hp.n_embd_v_gqa)
-            # the causal mask, and the sliding-window layers' (causal, and only the last n_swa
-            # positions: Gemma 3), each where some layer uses it; F16 for flash attention, which
-            # takes no other (llama.cpp's masks are F16 there too), F32 for soft_max_ext
-            swa = [hp.is_swa(il) for il in range(hp.n_layer)]
-            mtype = Type.F16 if self.flash_attn else Type.F32
-            self.kq_mask = None if all(swa) else ctx.new_tensor_2d(mtype, n_kv, n_tokens)
-            self.kq_mask_swa = ctx.new_tensor_2d(mtype, n_kv, n_tokens) if any(swa) else None
-        for t, name in ((self.tokens, "inp_tokens"), (self.pos, "inp_pos"), (self.kv_idxs, "inp_kv_idxs"),
-                        (self.v_idxs, "inp_v_idxs"), (self.kq_mask, "inp_kq_mask"),
-                        (self.kq_mask_swa, "inp_kq_mask_swa")):
-            if t is not None:
-                t.name = name
-                set_input(t)
-
-    @property
-    def inputs(self):
-        return self.tokens, self.pos, self.kv_idxs, self.v_idxs, self.kq_mask, self.kq_mask_swa
+            self.inp_tokens = GraphInput(ctx.new_tensor_1d(Type.I32, n_tokens), "inp_tokens",
+                                         lambda inp, ub: inp.write(ub.tokens))
+            self.inp_pos = GraphInput(ctx.new_tensor_1d(Type.I32, n_tokens), "inp_pos",
+                                      lambda inp, ub: inp.write(ub.pos))
+            # F16 masks for flash attention, which takes no other (llama.cpp's are F16 there too),
+            # F32 for soft_max_ext
+            self.inp_kv = kv.build_input(ctx, n_tokens, n_kv, Type.F16 if flash_attn else Type.F32)
+        self.inputs = [self.inp_tokens, self.inp_pos, *self.inp_kv.inputs]
 
     def build(self):
         """Run the architecture's graph builder inside this builder's context; returns self."""
         with self.ctx:
-            self.arch.build(self)
+            self.weights.arch.build(self)
+        return self
+
+    def build_shift(self):
+        """The K shift's graph (llama.cpp's ``build_graph_shift``): every layer's cached keys rotated
+        by their cells' pending position change, as RoPE rotated them (through F32, which the CPU's
+        RoPE takes: the same rounding as GGML's F16 RoPE in place); ``inputs``: the shift."""
+        inp = self.kv.build_shift_input(self.ctx)
+        self.inputs = [inp]
+        with self.ctx:
+            for il in range(self.hp.n_layer):
+                k = self.kv.k_rows(il)
+                rotated = self.rope(ops.cpy(k, self.ctx.new_tensor(Type.F32, k.ne)), il, inp.tensor)
+                self.graph.build_forward_expand(ops.cpy(rotated, k))
         return self
 
     # -- blocks ---------------------------------------------------------------------------------------
     def embed(self):
-        return ops.get_rows(self.w["token_embd.weight"], self.tokens)
+        return ops.get_rows(self.w["token_embd.weight"], self.inp_tokens.tensor)
 
     def layer_out(self, x, il):
         """Layer ``il``'s output (its last residual add), kept on the layer's backend. Without weights
@@ -95,8 +93,8 @@ class GraphBuilder:
         twice the bytes between devices at every layer boundary (a GPU's, an RPC server's). Not
         where a backend offloads such a batch's ops from the CPU (CUDA, from 32 tokens): those run
         there anyway, and llama.cpp pins nothing then either."""
-        if not any(b.offload_op(x) for b in self.backends):
-            self.pins.append((x, self.layer_backends[il]))
+        if not any(b.offload_op(x) for b in self.weights.backends):
+            self.pins.append((x, self.weights.layer_backends[il]))
         return x
 
     def norm(self, x, name):
@@ -116,15 +114,17 @@ class GraphBuilder:
         if "rope_freqs.weight" in self.w:
             name = "rope_freqs.weight"
         else:
-            name = "rope_factors_long.weight" if self.n_ctx > self.hp.n_ctx_orig_yarn else "rope_factors_short.weight"
-        return self.w_on.get((name, self.layer_backends[il]))
+            name = "rope_factors_long.weight" if self.kv.size > self.hp.n_ctx_orig_yarn else "rope_factors_short.weight"
+        return self.weights.on.get((name, self.weights.layer_backends[il]))
 
-    def rope(self, x, il):
-        """RoPE of layer ``il``: sliding-window layers rotate with their own base and scale."""
+    def rope(self, x, il, pos=None):
+        """RoPE of layer ``il`` by the tokens' positions (or ``pos``): sliding-window layers rotate
+        with their own base and scale."""
         hp = self.hp
         swa = hp.is_swa(il)
         ext_factor = 1.0 if hp.rope_scaling_type == "yarn" else 0.0
-        return ops.rope_ext(x, self.pos, self.rope_factors(il), hp.n_rot, self.arch.rope_type, hp.n_ctx_orig_yarn,
+        return ops.rope_ext(x, self.inp_pos.tensor if pos is None else pos, self.rope_factors(il), hp.n_rot,
+                            self.weights.arch.rope_type, hp.n_ctx_orig_yarn,
                             hp.rope_freq_base_swa if swa else hp.rope_freq_base,
                             hp.rope_freq_scale_swa if swa else hp.rope_freq_scale,
                             ext_factor, hp.rope_attn_factor, 32.0, 1.0)
@@ -148,28 +148,20 @@ class GraphBuilder:
         layer ``il``'s cache cells (before attention reads them), attend over the window with
         ``scale`` (default 1/sqrt(head size)) under the layer's mask (causal, or sliding-window),
         project by ``attn_output``."""
-        hp, g, n, n_kv = self.hp, self.graph, self.n_tokens, self.n_kv
-        hd, n_head_kv = hp.n_embd_head_k, hp.n_head_kv
-        kc, vc = self.k_cache[il], self.v_cache[il]
+        hp, g, n, kv, inp = self.hp, self.graph, self.n_tokens, self.kv, self.inp_kv
+        hd = hp.n_embd_head_k
         scale = 1.0 / math.sqrt(hd) if scale is None else scale
-        mask = self.kq_mask_swa if hp.is_swa(il) else self.kq_mask
-        g.build_forward_expand(ops.set_rows(kc, ops.reshape_2d(k, hp.n_embd_k_gqa, n), self.kv_idxs))
+        mask = inp.mask(hp.is_swa(il))
+        g.build_forward_expand(kv.cpy_k(il, k, inp))
+        g.build_forward_expand(kv.cpy_v(il, v, inp))
+        k, v = kv.get_k(il, self.n_kv), kv.get_v(il, self.n_kv)
         if self.flash_attn:
-            g.build_forward_expand(ops.set_rows(vc, ops.reshape_2d(v, hp.n_embd_v_gqa, n), self.kv_idxs))
-            k3 = ops.view_3d(kc, hd, n_kv, n_head_kv, kc.nb[1], kc.nb[1] // n_head_kv, 0)
-            v3 = ops.view_3d(vc, hd, n_kv, n_head_kv, vc.nb[1], vc.nb[1] // n_head_kv, 0)
-            fa = ops.flash_attn_ext(ops.permute(q, 0, 2, 1, 3), k3, v3, mask, scale)
+            fa = ops.flash_attn_ext(ops.permute(q, 0, 2, 1, 3), k, v, mask, scale)
             out = ops.reshape_2d(fa, hd * hp.n_head, n)                  # [hd, n_head, n_tokens]
         else:
-            # V transposed: every element is a row of one (v_idxs: element j of token t goes to
-            # cell pos_t of row j)
-            g.build_forward_expand(ops.set_rows(ops.reshape_2d(vc, 1, vc.ne[0] * vc.ne[1]),
-                                                ops.reshape_2d(v, 1, hp.n_embd_v_gqa * n), self.v_idxs))
-            kv = ops.view_3d(kc, hd, n_head_kv, n_kv, kc.nb[1] // n_head_kv, kc.nb[1], 0)
-            vt = ops.view_3d(vc, n_kv, hd, n_head_kv, vc.nb[1], vc.nb[1] * hd, 0)   # [n_kv, hd, n_head_kv]
-            kq = ops.mul_mat(ops.permute(kv, 0, 2, 1, 3), ops.permute(q, 0, 2, 1, 3))
+            kq = ops.mul_mat(k, ops.permute(q, 0, 2, 1, 3))
             kq = ops.soft_max_ext(kq, mask, scale, 0.0)
-            kqv = ops.mul_mat(vt, kq)                                      # [hd, n_tokens, n_head]
+            kqv = ops.mul_mat(v, kq)                                       # [hd, n_tokens, n_head]
             out = ops.cont_2d(ops.permute(kqv, 0, 2, 1, 3), hd * hp.n_head, n)
         return self.linear(out, f"blk.{il}.attn_output")
 
@@ -213,5 +205,5 @@ class GraphBuilder:
         logits.name = "result_output"
         set_output(logits)
         self.graph.build_forward_expand(logits)
-        self.logits = logits
+        self.logits = GraphTensor(logits)
         return logits
