@@ -15,6 +15,11 @@ from it and the accessor (``rope_params(t)``, ``soft_max_params(t)``, ...) reads
 backend indexes ``op_params`` by position. The constants GGML derives from them on the host
 (``rope_yarn_corr_dims``, ``rope_theta_scale``, ``soft_max_alibi``) are here too, in float32 as
 GGML's C computes them, so that every backend gets the same bits.
+
+``OP_DEFS`` holds the rest of what is known of each op, one row per op (``OpDef``): its number in
+GGML's enum, its params type, how a node is made again by its constructor (the RPC ends check every
+node so), and its in-place and view rules (``INPLACE_OPS``, ``VIEW_OPS``, ``EMPTY_OPS`` and
+``OP_PARAMS`` are read from it).
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from .errors import ShapeError, TensorTypeError
 from .tensor import Tensor, current_context, MAX_DIMS
 from .types import GluOp, Op, SortOrder, Type, UnaryOp, type_name, type_size
 
-__all__ = ["Op", "OP_PARAMS", "UnaryOp", "GluOp", "SortOrder", "ROPE_TYPE_NORMAL", "ROPE_TYPE_NEOX", "VIEW_OPS", "EMPTY_OPS",
+__all__ = ["Op", "OpDef", "OP_DEFS", "OP_PARAMS", "UnaryOp", "GluOp", "SortOrder", "ROPE_TYPE_NORMAL", "ROPE_TYPE_NEOX", "VIEW_OPS", "EMPTY_OPS",
            "INPLACE_OPS", "is_view_op", "op_can_inplace", "op_desc", "can_repeat", "dup",
            "dup_inplace", "cpy", "cont", "cont_4d", "cont_1d", "cont_2d", "cont_3d", "add", "add_inplace",
            "sub", "sub_inplace", "mul", "mul_inplace", "div", "div_inplace", "add1", "add1_inplace",
@@ -58,17 +63,6 @@ __all__ = ["Op", "OP_PARAMS", "UnaryOp", "GluOp", "SortOrder", "ROPE_TYPE_NORMAL
 # rope modes (GGML_ROPE_TYPE_*)
 ROPE_TYPE_NORMAL = 0
 ROPE_TYPE_NEOX = 2
-
-# The scheduler's view ops (ggml_is_view_op) and the CPU backend's no-op list (ggml_op_is_empty).
-VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})
-EMPTY_OPS = VIEW_OPS | {Op.NONE}
-
-# Ops whose result may take over the memory of a source (ggml_op_can_inplace), docs/graph-alloc-sched.md §3.
-INPLACE_OPS = frozenset({
-    Op.SCALE, Op.DIAG_MASK_INF, Op.ADD, Op.ADD1, Op.SUB, Op.MUL, Op.DIV, Op.SQR, Op.SQRT, Op.LOG,
-    Op.UNARY, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX,
-})
-
 
 def is_view_op(op):
     """True for the ops whose result is a view of their source (VIEW, RESHAPE, PERMUTE, TRANSPOSE), as
@@ -1261,13 +1255,88 @@ def transpose(a, *, ctx=None):
     return _set(r, Op.TRANSPOSE, [a], PermuteParams(1, 0, 2, 3))
 
 
-# -- each op's op_params type: which slots are floats when op_params travel as GGML's sixteen int32
-# slots (GGML's RPC protocol); an op not here has no op_params
-OP_PARAMS = {Op.CONCAT: ConcatParams, Op.UNARY: UnaryParams, Op.SCALE: ScaleParams, Op.CLAMP: ClampParams,
-             Op.ARGSORT: SortParams, Op.NORM: NormParams, Op.RMS_NORM: NormParams,
-             Op.DIAG_MASK_INF: DiagMaskParams, Op.SOFT_MAX: SoftMaxParams, Op.FLASH_ATTN_EXT: FlashAttnParams,
-             Op.ROPE: RopeParams, Op.GLU: GluParams, Op.PAD: PadParams, Op.VIEW: ViewParams,
-             Op.PERMUTE: PermuteParams, Op.TRANSPOSE: PermuteParams}
+# -- every op's facts, one row each --------------------------------------------------------------------
+class OpDef(NamedTuple):
+    """What lazyggml knows of an op beside its constructor, in one row (GGML keeps these in several
+    tables: its enum's numbering, ``ggml_is_view_op``, ``ggml_op_can_inplace``, the RPC server's
+    deserializer). Adding an op is its ``Op`` member, its constructor above and its row here."""
+    ggml_id: int                 # its number in GGML's enum ggml_op (ggml.h, GGML_OP_COUNT = 101): the RPC wire's
+    params: type = None          # its op_params, typed: the NamedTuple above (GGML's order); None when it has none
+    rebuild: object = None       # (sources, params, t) -> the node made again by its constructor, whose
+    #                              checks are GGML's (the RPC ends check every computed node so); None: not computed
+    inplace: bool = False        # its constructor has an ``_inplace`` twin: the result may be a view of source 0
+    can_inplace: bool = False    # the allocator may give its result a free source's memory (ggml_op_can_inplace,
+    #                              docs/graph-alloc-sched.md §3)
+    view: bool = False           # its result is a view of its source (ggml_is_view_op): nothing computes it
+
+
+def _rebuild_flash_attn(s, p, t):
+    r = flash_attn_ext(s[0], s[1], s[2], s[3], p[0], p[1], p[2])
+    flash_attn_ext_set_prec(r, p[3])
+    return r
+
+
+# ``rebuild``'s sources ``s`` are in GGML's slots, its params ``p`` a tuple in GGML's order, and ``t``
+# the tensor as described (CONT and REPEAT take their result shape from it).
+OP_DEFS = {
+    Op.NONE: OpDef(0),
+    Op.DUP: OpDef(1, rebuild=lambda s, p, t: dup(s[0]), inplace=True),
+    Op.ADD: OpDef(2, rebuild=lambda s, p, t: add(s[0], s[1]), inplace=True, can_inplace=True),
+    Op.ADD1: OpDef(4, rebuild=lambda s, p, t: add1(s[0], s[1]), inplace=True, can_inplace=True),
+    Op.SUB: OpDef(6, rebuild=lambda s, p, t: sub(s[0], s[1]), inplace=True, can_inplace=True),
+    Op.MUL: OpDef(7, rebuild=lambda s, p, t: mul(s[0], s[1]), inplace=True, can_inplace=True),
+    Op.DIV: OpDef(8, rebuild=lambda s, p, t: div(s[0], s[1]), inplace=True, can_inplace=True),
+    Op.SQR: OpDef(9, rebuild=lambda s, p, t: sqr(s[0]), inplace=True, can_inplace=True),
+    Op.SQRT: OpDef(10, rebuild=lambda s, p, t: sqrt(s[0]), inplace=True, can_inplace=True),
+    Op.LOG: OpDef(11, rebuild=lambda s, p, t: log(s[0]), inplace=True, can_inplace=True),
+    Op.SIN: OpDef(12, rebuild=lambda s, p, t: sin(s[0]), inplace=True),
+    Op.COS: OpDef(13, rebuild=lambda s, p, t: cos(s[0]), inplace=True),
+    Op.SUM: OpDef(14, rebuild=lambda s, p, t: sum(s[0])),
+    Op.SUM_ROWS: OpDef(15, rebuild=lambda s, p, t: sum_rows(s[0])),
+    Op.MEAN: OpDef(17, rebuild=lambda s, p, t: mean(s[0])),
+    Op.ARGMAX: OpDef(18, rebuild=lambda s, p, t: argmax(s[0])),
+    Op.REPEAT: OpDef(20, rebuild=lambda s, p, t: repeat(s[0], t)),
+    Op.CONCAT: OpDef(22, ConcatParams, lambda s, p, t: concat(s[0], s[1], p[0])),
+    Op.NORM: OpDef(24, NormParams, lambda s, p, t: norm(s[0], p[0]), inplace=True),
+    Op.RMS_NORM: OpDef(25, NormParams, lambda s, p, t: rms_norm(s[0], p[0]), inplace=True, can_inplace=True),
+    Op.MUL_MAT: OpDef(29, rebuild=lambda s, p, t: mul_mat(s[0], s[1])),
+    Op.MUL_MAT_ID: OpDef(30, rebuild=lambda s, p, t: mul_mat_id(s[0], s[1], s[2])),
+    Op.SCALE: OpDef(32, ScaleParams, lambda s, p, t: scale_bias(s[0], p[0], p[1]), inplace=True, can_inplace=True),
+    Op.CPY: OpDef(34, rebuild=lambda s, p, t: cpy(s[0], s[1])),
+    Op.CONT: OpDef(35, rebuild=lambda s, p, t: cont_4d(s[0], *t.ne)),
+    Op.RESHAPE: OpDef(36, view=True),
+    Op.VIEW: OpDef(37, ViewParams, view=True),
+    Op.PERMUTE: OpDef(38, PermuteParams, view=True),
+    Op.TRANSPOSE: OpDef(39, PermuteParams, view=True),
+    Op.GET_ROWS: OpDef(40, rebuild=lambda s, p, t: get_rows(s[0], s[1])),
+    # GGML's slots: rows, indices, destination
+    Op.SET_ROWS: OpDef(42, rebuild=lambda s, p, t: set_rows(s[2], s[0], s[1])),
+    Op.DIAG_MASK_INF: OpDef(44, DiagMaskParams, lambda s, p, t: diag_mask_inf(s[0], p[0]), inplace=True,
+                            can_inplace=True),
+    Op.SOFT_MAX: OpDef(46, SoftMaxParams, lambda s, p, t: soft_max_ext(s[0], s[1], p[0], p[1]), inplace=True,
+                       can_inplace=True),
+    # p[0] and p[3] are unused slots of GGML's
+    Op.ROPE: OpDef(48, RopeParams, lambda s, p, t: rope_ext(s[0], s[1], s[2], p[1], p[2], p[4], *p[5:]),
+                   inplace=True, can_inplace=True),
+    Op.CLAMP: OpDef(50, ClampParams, lambda s, p, t: clamp(s[0], p[0], p[1])),
+    Op.PAD: OpDef(64, PadParams, lambda s, p, t: pad_ext(s[0], *p)),
+    Op.ARGSORT: OpDef(69, SortParams, lambda s, p, t: argsort(s[0], p[0])),
+    Op.FLASH_ATTN_EXT: OpDef(74, FlashAttnParams, _rebuild_flash_attn),
+    Op.UNARY: OpDef(91, UnaryParams, lambda s, p, t: unary(s[0], p[0]), inplace=True, can_inplace=True),
+    # GGML's ggml_glu_impl: the public wrappers (swiglu, geglu_split, ...) name only some pairs
+    Op.GLU: OpDef(100, GluParams, lambda s, p, t: _glu_impl(s[0], s[1], GluOp(p[0]), p[1], None)),
+}
+assert set(OP_DEFS) == set(Op), "every Op needs its OpDef"
+assert all((d.rebuild is None) == (d.view or op == Op.NONE) for op, d in OP_DEFS.items()), \
+    "every computed op needs its rebuild"
+
+#: the scheduler's view ops (ggml_is_view_op) and the CPU backend's no-op list (ggml_op_is_empty)
+VIEW_OPS = frozenset(op for op, d in OP_DEFS.items() if d.view)
+EMPTY_OPS = VIEW_OPS | {Op.NONE}
+#: ops whose result may take over the memory of a source (ggml_op_can_inplace)
+INPLACE_OPS = frozenset(op for op, d in OP_DEFS.items() if d.can_inplace)
+#: each op's op_params type (an op not here has none)
+OP_PARAMS = {op: d.params for op, d in OP_DEFS.items() if d.params is not None}
 
 
 # -- operator sugar on Tensor: thin wrappers over the constructors above (tensor.py sits below ops) --

@@ -373,3 +373,29 @@ def test_opencl_glue_uses_shared_constants(monkeypatch):
     # (.., theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1)
     assert (rope_args[-6], rope_args[-2], rope_args[-1]) == _expected_rope()
     assert sm_args[-3:] == tuple(soft_max_alibi(N_HEAD, MAX_BIAS))   # (.., m0, m1, n_head_log2)
+
+
+def test_every_op_has_one_row_and_its_rebuild_gives_each_catalogue_node_back():
+    """``ops.OP_DEFS``: one row per op, GGML's enum numbers (no two alike, below GGML_OP_COUNT = 101),
+    and ``rebuild`` (what the RPC ends check every computed node with) makes each computed node of
+    every op case again from its sources and op_params, the same type, shape, op and params; an
+    ``inplace`` op's rebuilt node is a fresh tensor (the twin is not what a rebuild makes)."""
+    from lazyggml.op_cases import CASES
+    from lazyggml.ops import OP_DEFS
+    from lazyggml.tensor import Context
+    ids = [d.ggml_id for d in OP_DEFS.values()]
+    assert set(OP_DEFS) == set(lg.Op) and len(set(ids)) == len(ids) and max(ids) < 101
+    seen = set()
+    for case in CASES:
+        ctx = Context()
+        case.build(ctx)
+        for node in ctx.tensors():
+            d = OP_DEFS[node.op]
+            if d.rebuild is None:
+                continue
+            with Context():
+                r = d.rebuild(node.src, node.op_params, node)
+            assert (r.op, r.type, r.ne, r.op_params) == (node.op, node.type, node.ne, node.op_params), (case.name, node.op)
+            seen.add(node.op)
+    computed = {op for op, d in OP_DEFS.items() if d.rebuild is not None}
+    assert seen == computed, f"ops no case covers: {sorted(o.name for o in computed - seen)}"

@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 
 from ...errors import LazyGGMLError
-from ...ops import OP_PARAMS
+from ...ops import OP_DEFS, OP_PARAMS
 from ...tensor import MAX_NAME, MAX_SRC
 from ...types import Op
 
@@ -97,15 +97,8 @@ class RPCError(LazyGGMLError, ConnectionError):
     """The RPC peer is unreachable, timed out, closed the connection or broke the protocol."""
 
 
-# -- op ids: GGML's enum ggml_op (ggml.h of the vendored ggml, GGML_OP_COUNT = 101) ---------------
-GGML_OP = {Op.NONE: 0, Op.DUP: 1, Op.ADD: 2, Op.ADD1: 4, Op.SUB: 6, Op.MUL: 7, Op.DIV: 8, Op.SQR: 9,
-           Op.SQRT: 10, Op.LOG: 11, Op.SIN: 12, Op.COS: 13, Op.SUM: 14, Op.SUM_ROWS: 15, Op.MEAN: 17,
-           Op.ARGMAX: 18, Op.REPEAT: 20, Op.CONCAT: 22, Op.NORM: 24, Op.RMS_NORM: 25, Op.MUL_MAT: 29,
-           Op.MUL_MAT_ID: 30, Op.SCALE: 32, Op.CPY: 34, Op.CONT: 35, Op.RESHAPE: 36, Op.VIEW: 37,
-           Op.PERMUTE: 38, Op.TRANSPOSE: 39, Op.GET_ROWS: 40, Op.SET_ROWS: 42, Op.DIAG_MASK_INF: 44,
-           Op.SOFT_MAX: 46, Op.ROPE: 48, Op.CLAMP: 50, Op.PAD: 64, Op.ARGSORT: 69,
-           Op.FLASH_ATTN_EXT: 74, Op.UNARY: 91, Op.GLU: 100}
-assert set(GGML_OP) == set(Op), "every Op needs its GGML id"
+# -- op ids: GGML's enum ggml_op, as each op's OpDef gives it
+GGML_OP = {op: d.ggml_id for op, d in OP_DEFS.items()}   # (ops.OpDef.ggml_id)
 OP_FROM_GGML = {v: k for k, v in GGML_OP.items()}
 
 
