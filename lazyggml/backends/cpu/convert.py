@@ -3,6 +3,9 @@
 
 ``quantize(t, x)`` runs GGML's ``ggml_quantize_chunk(t, x, ..., imatrix=NULL)``: each type's
 reference quantizer (``from_float_ref`` in ``traits.TYPE_TRAITS_CPU``) over the rows;
+``quantize(t, x, cpu=True)`` runs the CPU backend's quantizer instead (``type_traits_cpu[t].from_float``,
+what GGML's CPY and SET_ROWS run), which is the reference one but for Q8_0/Q8_1, whose x86 code rounds
+a half to even where the reference rounds it away from zero (``dispatch.from_float``);
 ``dequantize(t, data, n_per_row)`` its ``to_float``. Both go through the type switches
 ``dispatch.quantize_chunk`` / ``dispatch.dequantize_chunk``: serially, or with the rows spread over
 threads (``quantize_rows_parallel`` / ``dequantize_rows_parallel``) when there is enough work. F32
@@ -16,11 +19,15 @@ from numba import njit, prange
 from ... import types
 from ...cache import tie_cache
 from ...types import Type, as_type, blck_size, row_size, type_name
-from . import dispatch, quant
-from .traits import types_with
+from . import dispatch, quant, simd, vec_dot
+from .traits import TYPE_TRAITS_CPU, types_with
 
 #: the types ``quantize`` and ``dequantize`` take: F32, and those with a reference quantizer
 SUPPORTED_TYPES = (Type.F32,) + types_with("from_float_ref")
+
+#: the types whose CPU quantizer is not the reference one
+CPU_QUANTIZER_TYPES = frozenset(t for t in types_with("from_float_ref")
+                                if TYPE_TRAITS_CPU[t].from_float not in (None, TYPE_TRAITS_CPU[t].from_float_ref))
 
 # below this many elements one thread is quicker than starting the parallel loop
 _PARALLEL_MIN_ELEMENTS = 1 << 16
@@ -31,6 +38,13 @@ def quantize_rows_parallel(tid, x2d, y2d):
     """``dispatch.quantize_chunk`` with the rows of x2d (n_rows, n_per_row) spread over threads."""
     for r in prange(x2d.shape[0]):
         dispatch.quantize_chunk(tid, x2d[r], y2d[r])
+
+
+@njit(cache=True, parallel=True)
+def from_float_rows(tid, x2d, y2d):
+    """``dispatch.from_float`` (the CPU's quantizer) over the rows of x2d, spread over threads."""
+    for r in prange(x2d.shape[0]):
+        dispatch.from_float(tid, x2d[r], y2d[r])
 
 
 @njit(cache=True, parallel=True)
@@ -55,8 +69,8 @@ def _check_row(t: Type, n_per_row: int, what: str) -> None:
                          f"positive multiple of the block size {bs}")
 
 
-def quantize(t, x) -> np.ndarray:
-    """Quantize float rows to type ``t``.
+def quantize(t, x, cpu=False) -> np.ndarray:
+    """Quantize float rows to type ``t`` (with ``cpu``, as the CPU backend's CPY and SET_ROWS do).
 
     ``x``: a float array of shape (n_rows, n_per_row), or 1-D (one row); leading dimensions beyond
     two are folded into the rows. Any float dtype is accepted and converted to float32 first
@@ -74,7 +88,9 @@ def quantize(t, x) -> np.ndarray:
     if t == Type.F32:
         return x2.view(np.uint8).copy()
     y = np.empty((n_rows, row_size(t, n_per_row)), dtype=np.uint8)
-    if n_rows > 1 and x2.size >= _PARALLEL_MIN_ELEMENTS:
+    if cpu and t in CPU_QUANTIZER_TYPES:
+        from_float_rows(int(t), x2, y)
+    elif n_rows > 1 and x2.size >= _PARALLEL_MIN_ELEMENTS:
         quantize_rows_parallel(int(t), x2, y)
     else:
         dispatch.quantize_chunk(int(t), x2.reshape(-1), y.reshape(-1))
@@ -118,4 +134,6 @@ def dequantize(t, data, n_per_row: int) -> np.ndarray:
 
 
 # the cache of the parallel drivers also depends on the switches and the kernels they call
-tie_cache(globals(), "", quant.__file__, dispatch.__file__, types.__file__, __file__)
+# (from_float_rows reaches vec_dot's x86 quantizers, written with simd's intrinsics)
+tie_cache(globals(), simd.ISA, quant.__file__, dispatch.__file__, vec_dot.__file__, simd.__file__, types.__file__,
+          __file__)

@@ -109,7 +109,7 @@ def _copy_to_q(s, skind, n0, dst, qtype):
     if skind != KIND_F32:
         rows = np.empty(s.shape, np.float32)
         copy_flat(as_bits(s), skind, rows.view(np.uint32), KIND_F32)
-    dst.reshape(-1)[:] = convert.quantize(qtype, rows.reshape(-1, n0)).reshape(-1)
+    dst.reshape(-1)[:] = convert.quantize(qtype, rows.reshape(-1, n0), cpu=True).reshape(-1)
 
 
 @forward(Op.DUP, Op.CONT, Op.CPY, supports=_supports)

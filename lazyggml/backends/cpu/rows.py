@@ -105,10 +105,10 @@ def _get_rows_supported(node):
 
 
 def _set_rows_q(qtype, b, idx, n_rows, dst):
-    """Quantize b's rows with lazyggml.quants, scatter their bytes."""
+    """Quantize b's rows with the CPU's quantizer (GGML's from_float), scatter their bytes."""
     n3, n2, n, _ = b.shape
     i3, i2, i = _batch_indices(idx, n3, n2, n_rows, "set_rows")
-    dst[i3, i2, i] = convert.quantize(qtype, b).reshape(n3, n2, n, -1)
+    dst[i3, i2, i] = convert.quantize(qtype, b, cpu=True).reshape(n3, n2, n, -1)
 
 
 @forward(Op.GET_ROWS, supports=_get_rows_supported)
