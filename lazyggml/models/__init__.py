@@ -1,9 +1,12 @@
-"""Models built from lazyggml ops: ``runner.py`` (``load_model``: weights, KV cache, graphs per
-batch shape, ``eval``, ``generate``, the same for every family), ``archs.py`` (the architectures by
-``general.architecture``: tensors, RoPE type, graph function), ``builder.py`` (the blocks graphs
-are built from), ``llama.py`` (the LLaMA graph, shared by Qwen2 and Qwen3), ``gemma3.py`` and
-``phi3.py`` (the Gemma 3 and Phi-3 graphs) and ``hparams.py``
-(hyper-parameters read from GGUF, and the tensor check)."""
+"""Models built from lazyggml ops: ``runner.py`` (``load_model``: a ``Model`` puts the rest together,
+``eval``, ``generate``), ``loader.py`` (weights placed by the op each tensor feeds, and loaded),
+``kv_cache.py`` (the KV cache: cells with positions and sequences, its layout and inputs),
+``inputs.py`` (micro-batches and graph inputs that fill themselves from one), ``builder.py`` (the
+blocks graphs are built from), ``graphs.py`` (graphs kept per batch shape), ``archs.py`` (the
+architectures by ``general.architecture``: tensors and the ops they feed, RoPE type, graph
+function), ``llama.py`` (the LLaMA graph, shared by Qwen2 and Qwen3), ``gemma3.py`` and ``phi3.py``
+(the Gemma 3 and Phi-3 graphs) and ``hparams.py`` (hyper-parameters read from GGUF, and the tensor
+check)."""
 
 from pathlib import Path
 

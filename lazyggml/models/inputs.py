@@ -59,8 +59,8 @@ class GraphTensor:
 
     def write(self, data):
         """The tensor = the elements of ``data`` in order, converted to the tensor's element type."""
-        if self.view is not None:
-            self.view[...] = np.asarray(data).reshape(-1)
+        if self.view is not None:     # one NumPy call for a row (a decode step writes four)
+            self.view[:] = data.reshape(-1) if data.ndim > 1 else data
         else:
             tensor_set(self.tensor, np.asarray(data, host_layout(self.tensor)[2]))
 

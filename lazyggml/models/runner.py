@@ -167,6 +167,7 @@ class Model:
                                     mmap=mmap, repack=repack, progress=progress)
         self.flash_attn = self._pick_flash_attn(flash_attn)
         self.kv = KVCache(hp, self.n_ctx, self.layer_backends, v_trans=not self.flash_attn)
+        self._ub1 = UBatch(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32))
         on_gpu = self.layer_backends[-1] is not cpu
         self.n_batch = min(n_batch or (N_BATCH_GPU if on_gpu else N_BATCH), self.n_ctx)
         if self.n_batch < 1:
@@ -267,7 +268,11 @@ class Model:
         if self.kv.has_shift:
             self._shift()
         n, p0 = len(batch), self.n_past
-        ub = UBatch(np.asarray(batch, np.int32), np.arange(p0, p0 + n, dtype=np.int32), np.zeros(n, np.int32))
+        if n == 1:    # a decode step: its micro-batch refilled in place
+            ub = self._ub1
+            ub.tokens[0], ub.pos[0] = batch[0], p0
+        else:
+            ub = UBatch(np.asarray(batch, np.int32), np.arange(p0, p0 + n, dtype=np.int32), np.zeros(n, np.int32))
         self.kv.prepare(ub, KV_PAD if n == 1 else KV_PAD_BATCH)
         step = self.graphs.get(n, ub.n_kv, logits_all)
         for inp in step.inputs:
