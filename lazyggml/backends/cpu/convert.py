@@ -40,10 +40,11 @@ def quantize_rows_parallel(tid, x2d, y2d):
         dispatch.quantize_chunk(tid, x2d[r], y2d[r])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def from_float_rows(tid, x2d, y2d):
-    """``dispatch.from_float`` (the CPU's quantizer) over the rows of x2d, spread over threads."""
-    for r in prange(x2d.shape[0]):
+    """``dispatch.from_float`` (the CPU's quantizer) over the rows of x2d, on one thread: a plan's
+    CPY or SET_ROWS (a KV cache's rows) is small, and a plan runs no OpenMP region."""
+    for r in range(x2d.shape[0]):
         dispatch.from_float(tid, x2d[r], y2d[r])
 
 
