@@ -14,7 +14,7 @@ import enum
 import numpy as np
 
 __all__ = ["QK_K", "Type", "Op", "UnaryOp", "GluOp", "as_type", "blck_size", "type_size", "is_quantized",
-           "row_size", "np_dtype", "type_name"]
+           "row_size", "np_dtype", "type_name", "block_fields", "field_offset"]
 
 QK_K = 256  # elements in a K-quant super-block
 
@@ -46,24 +46,37 @@ class Type(enum.IntEnum):
     BF16 = 30
 
 
-# type -> (elements per block, bytes per block); block layouts in docs/quant-formats.md §1
+# Each quantized type's block, field by field in GGML's order (docs/quant-formats.md §1): (name, NumPy
+# dtype, count). Its bytes (``type_size``) and each field's offset (``field_offset``) follow from it; the
+# Numba kernels and the OpenCL program read them from here.
+_u8, _i8, _f16, _u16, _i16, _f32 = np.uint8, np.int8, np.float16, np.uint16, np.int16, np.float32
+_BLOCKS = {
+    Type.Q4_0: (32, (("d", _f16, 1), ("qs", _u8, 16))),
+    Type.Q4_1: (32, (("d", _f16, 1), ("m", _f16, 1), ("qs", _u8, 16))),
+    Type.Q5_0: (32, (("d", _f16, 1), ("qh", _u8, 4), ("qs", _u8, 16))),
+    Type.Q5_1: (32, (("d", _f16, 1), ("m", _f16, 1), ("qh", _u8, 4), ("qs", _u8, 16))),
+    Type.Q8_0: (32, (("d", _f16, 1), ("qs", _i8, 32))),
+    Type.Q8_1: (32, (("d", _f16, 1), ("s", _f16, 1), ("qs", _i8, 32))),
+    Type.Q2_K: (QK_K, (("scales", _u8, 16), ("qs", _u8, 64), ("d", _f16, 1), ("dmin", _f16, 1))),
+    Type.Q3_K: (QK_K, (("hmask", _u8, 32), ("qs", _u8, 64), ("scales", _u8, 12), ("d", _f16, 1))),
+    Type.Q4_K: (QK_K, (("d", _f16, 1), ("dmin", _f16, 1), ("scales", _u8, 12), ("qs", _u8, 128))),
+    Type.Q5_K: (QK_K, (("d", _f16, 1), ("dmin", _f16, 1), ("scales", _u8, 12), ("qh", _u8, 32), ("qs", _u8, 128))),
+    Type.Q6_K: (QK_K, (("ql", _u8, 128), ("qh", _u8, 64), ("scales", _i8, 16), ("d", _f16, 1))),
+    Type.Q8_K: (QK_K, (("d", _f32, 1), ("qs", _i8, 256), ("bsums", _i16, 16))),
+    Type.IQ4_NL: (32, (("d", _f16, 1), ("qs", _u8, 16))),
+    Type.IQ4_XS: (QK_K, (("d", _f16, 1), ("scales_h", _u16, 1), ("scales_l", _u8, 4), ("qs", _u8, 128))),
+}
+
+
+def _block_bytes(fields):
+    return sum(np.dtype(dt).itemsize * n for _, dt, n in fields)
+
+
+# type -> (elements per block, bytes per block)
 _TRAITS = {
     Type.F32: (1, 4),
     Type.F16: (1, 2),
-    Type.Q4_0: (32, 18),
-    Type.Q4_1: (32, 20),
-    Type.Q5_0: (32, 22),
-    Type.Q5_1: (32, 24),
-    Type.Q8_0: (32, 34),
-    Type.Q8_1: (32, 36),
-    Type.Q2_K: (QK_K, 84),
-    Type.Q3_K: (QK_K, 110),
-    Type.Q4_K: (QK_K, 144),
-    Type.Q5_K: (QK_K, 176),
-    Type.Q6_K: (QK_K, 210),
-    Type.Q8_K: (QK_K, 292),
-    Type.IQ4_NL: (32, 18),
-    Type.IQ4_XS: (QK_K, 136),
+    **{t: (bs, _block_bytes(fields)) for t, (bs, fields) in _BLOCKS.items()},
     Type.I8: (1, 1),
     Type.I16: (1, 2),
     Type.I32: (1, 4),
@@ -71,6 +84,22 @@ _TRAITS = {
     Type.F64: (1, 8),
     Type.BF16: (1, 2),
 }
+
+
+def block_fields(t) -> tuple:
+    """A quantized type's block as ``(name, NumPy dtype, count)`` fields in GGML's order."""
+    return _BLOCKS[as_type(t)][1]
+
+
+def field_offset(t, name) -> int:
+    """The byte offset of field ``name`` in a block of quantized type ``t``."""
+    off = 0
+    for f, dt, n in block_fields(t):
+        if f == name:
+            return off
+        off += np.dtype(dt).itemsize * n
+    raise KeyError(f"{type_name(t)} blocks have no field {name!r}")
+
 
 # NumPy dtype of the plain (non-block) types; BF16 is kept as its raw 16 bits
 _NP_DTYPE = {

@@ -352,3 +352,25 @@ def test_shapes_and_f32():
 def test_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_block_layouts_are_libggml_s():
+    """types.py's layout table, which the kernels and the OpenCL program read their block sizes from:
+    each quantized type's elements and bytes per block are libggml's (``ggml_blck_size``,
+    ``ggml_type_size``), its fields tile the block with no gap (offsets in order), and the OpenCL
+    program defines the same sizes."""
+    from lazyggml.backends.opencl.program import block_defines
+    from lazyggml.types import _BLOCKS, block_fields, field_offset, type_name, type_size
+    defines = block_defines()
+    for t in _BLOCKS:
+        gt = getattr(ggml, f"GGML_TYPE_{t.name}")
+        assert (blck_size(t), type_size(t)) == (ggml.ggml_blck_size(gt), ggml.ggml_type_size(gt)), t.name
+        end = 0
+        for name, dt, n in block_fields(t):
+            assert field_offset(t, name) == end, (t.name, name)
+            end += np.dtype(dt).itemsize * n
+        assert end == type_size(t)
+        if f"QK_{type_name(t)} " in defines:
+            assert f"#define TS_{type_name(t)} {type_size(t)}\n" in defines + "\n", t.name
+    with pytest.raises(KeyError, match="no field 'qs'"):
+        field_offset(Type.Q6_K, "qs")

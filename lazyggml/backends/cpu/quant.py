@@ -200,6 +200,12 @@ def _min_max(x):
 # ----------------------------------------------------------------------------------------------
 
 QK4_0 = QK4_1 = QK5_0 = QK5_1 = QK8_0 = QK8_1 = 32
+# bytes per block, from types.py's layout table (compile-time constants in the kernels)
+(Q4_0_SIZE, Q4_1_SIZE, Q5_0_SIZE, Q5_1_SIZE, Q8_0_SIZE, Q8_1_SIZE, Q2_K_SIZE, Q3_K_SIZE, Q4_K_SIZE, Q5_K_SIZE,
+ Q6_K_SIZE, Q8_K_SIZE, IQ4_NL_SIZE, IQ4_XS_SIZE) = (types.type_size(t) for t in (
+    types.Type.Q4_0, types.Type.Q4_1, types.Type.Q5_0, types.Type.Q5_1, types.Type.Q8_0, types.Type.Q8_1,
+    types.Type.Q2_K, types.Type.Q3_K, types.Type.Q4_K, types.Type.Q5_K, types.Type.Q6_K, types.Type.Q8_K,
+    types.Type.IQ4_NL, types.Type.IQ4_XS))
 
 
 @_kernel
@@ -208,7 +214,7 @@ def quantize_row_q4_0(x, y):
     so that value lands on level 0 (= -8*d); levels are (int8_t)(x/d + 8.5), at most 15."""
     for i in range(x.shape[0] // QK4_0):
         xb = x[i * QK4_0:(i + 1) * QK4_0]
-        yb = y[i * 18:(i + 1) * 18]
+        yb = y[i * Q4_0_SIZE:(i + 1) * Q4_0_SIZE]
         _, vmax = _signed_absmax(xb)
         d = vmax / np.float32(-8.0)
         id_ = np.float32(1.0) / d if d != 0 else np.float32(0.0)
@@ -222,7 +228,7 @@ def quantize_row_q4_0(x, y):
 @_kernel
 def dequantize_row_q4_0(x, y):
     for i in range(y.shape[0] // QK4_0):
-        xb = x[i * 18:(i + 1) * 18]
+        xb = x[i * Q4_0_SIZE:(i + 1) * Q4_0_SIZE]
         d = load_f16(xb, 0)
         for j in range(16):
             y[i * 32 + j] = np.float32((xb[2 + j] & 0xF) - 8) * d
@@ -235,7 +241,7 @@ def quantize_row_q4_1(x, y):
     d = (max-min)/15, levels (int8_t)((x-min)/d + 0.5), at most 15."""
     for i in range(x.shape[0] // QK4_1):
         xb = x[i * QK4_1:(i + 1) * QK4_1]
-        yb = y[i * 20:(i + 1) * 20]
+        yb = y[i * Q4_1_SIZE:(i + 1) * Q4_1_SIZE]
         vmin, vmax = _min_max(xb)
         d = (vmax - vmin) / np.float32(15.0)
         id_ = np.float32(1.0) / d if d != 0 else np.float32(0.0)
@@ -250,7 +256,7 @@ def quantize_row_q4_1(x, y):
 @_kernel
 def dequantize_row_q4_1(x, y):
     for i in range(y.shape[0] // QK4_1):
-        xb = x[i * 20:(i + 1) * 20]
+        xb = x[i * Q4_1_SIZE:(i + 1) * Q4_1_SIZE]
         d = load_f16(xb, 0)
         m = load_f16(xb, 2)
         for j in range(16):
@@ -264,7 +270,7 @@ def quantize_row_q5_0(x, y):
     d = max/-16, levels (int8_t)(x/d + 16.5), at most 31; bit 4 of each level goes to qh."""
     for i in range(x.shape[0] // QK5_0):
         xb = x[i * QK5_0:(i + 1) * QK5_0]
-        yb = y[i * 22:(i + 1) * 22]
+        yb = y[i * Q5_0_SIZE:(i + 1) * Q5_0_SIZE]
         _, vmax = _signed_absmax(xb)
         d = vmax / np.float32(-16.0)
         id_ = np.float32(1.0) / d if d != 0 else np.float32(0.0)
@@ -282,7 +288,7 @@ def quantize_row_q5_0(x, y):
 @_kernel
 def dequantize_row_q5_0(x, y):
     for i in range(y.shape[0] // QK5_0):
-        xb = x[i * 22:(i + 1) * 22]
+        xb = x[i * Q5_0_SIZE:(i + 1) * Q5_0_SIZE]
         d = load_f16(xb, 0)
         qh = _load_u32(xb, 2)
         for j in range(16):
@@ -298,7 +304,7 @@ def quantize_row_q5_1(x, y):
     d = (max-min)/31 and levels (uint8_t)((x-min)/d + 0.5) (no clamp in GGML)."""
     for i in range(x.shape[0] // QK5_1):
         xb = x[i * QK5_1:(i + 1) * QK5_1]
-        yb = y[i * 24:(i + 1) * 24]
+        yb = y[i * Q5_1_SIZE:(i + 1) * Q5_1_SIZE]
         vmin, vmax = _min_max(xb)
         d = (vmax - vmin) / np.float32(31.0)
         id_ = np.float32(1.0) / d if d != 0 else np.float32(0.0)
@@ -317,7 +323,7 @@ def quantize_row_q5_1(x, y):
 @_kernel
 def dequantize_row_q5_1(x, y):
     for i in range(y.shape[0] // QK5_1):
-        xb = x[i * 24:(i + 1) * 24]
+        xb = x[i * Q5_1_SIZE:(i + 1) * Q5_1_SIZE]
         d = load_f16(xb, 0)
         m = load_f16(xb, 2)
         qh = _load_u32(xb, 4)
@@ -349,7 +355,7 @@ def _quantize_block_q8(xb, qs):
 def quantize_row_q8_0(x, y):
     """block_q8_0 (34 B): d fp16 @0, qs[32] int8 @2 (quantize_row_q8_0_ref)."""
     for i in range(x.shape[0] // QK8_0):
-        yb = y[i * 34:(i + 1) * 34]
+        yb = y[i * Q8_0_SIZE:(i + 1) * Q8_0_SIZE]
         d, _ = _quantize_block_q8(x[i * 32:(i + 1) * 32], yb[2:34])
         store_f16(yb, 0, d)
 
@@ -357,7 +363,7 @@ def quantize_row_q8_0(x, y):
 @_kernel
 def dequantize_row_q8_0(x, y):
     for i in range(y.shape[0] // QK8_0):
-        xb = x[i * 34:(i + 1) * 34]
+        xb = x[i * Q8_0_SIZE:(i + 1) * Q8_0_SIZE]
         d = load_f16(xb, 0)
         for j in range(32):
             y[i * 32 + j] = np.float32(_i8(xb[2 + j])) * d
@@ -368,7 +374,7 @@ def quantize_row_q8_1(x, y):
     """block_q8_1 (36 B): d fp16 @0, s fp16 @2, qs[32] int8 @4. The reference stores
     s = d * (sum of the integer q), not the sum of the floats (CUDA's q8_1 does that)."""
     for i in range(x.shape[0] // QK8_1):
-        yb = y[i * 36:(i + 1) * 36]
+        yb = y[i * Q8_1_SIZE:(i + 1) * Q8_1_SIZE]
         d, qsum = _quantize_block_q8(x[i * 32:(i + 1) * 32], yb[4:36])
         store_f16(yb, 0, d)
         store_f16(yb, 2, np.float32(qsum) * d)
@@ -378,7 +384,7 @@ def quantize_row_q8_1(x, y):
 def dequantize_row_q8_1(x, y):
     """GGML has no q8_1 dequantizer; this is the obvious d*q (s is redundant)."""
     for i in range(y.shape[0] // QK8_1):
-        xb = x[i * 36:(i + 1) * 36]
+        xb = x[i * Q8_1_SIZE:(i + 1) * Q8_1_SIZE]
         d = load_f16(xb, 0)
         for j in range(32):
             y[i * 32 + j] = np.float32(_i8(xb[4 + j])) * d
@@ -630,7 +636,7 @@ def quantize_row_q2_K(x, y):
     q4scale = np.float32(15.0)
     for i in range(x.shape[0] // QK_K):
         xb = x[i * QK_K:(i + 1) * QK_K]
-        yb = y[i * 84:(i + 1) * 84]
+        yb = y[i * Q2_K_SIZE:(i + 1) * Q2_K_SIZE]
         max_scale = np.float32(0.0)
         max_min = np.float32(0.0)
         for j in range(QK_K // 16):
@@ -678,7 +684,7 @@ def quantize_row_q2_K(x, y):
 @_kernel
 def dequantize_row_q2_K(x, y):
     for i in range(y.shape[0] // QK_K):
-        xb = x[i * 84:(i + 1) * 84]
+        xb = x[i * Q2_K_SIZE:(i + 1) * Q2_K_SIZE]
         d = load_f16(xb, 80)
         dmin = load_f16(xb, 82)
         for e in range(QK_K):
@@ -712,7 +718,7 @@ def quantize_row_q3_K(x, y):
     scales = np.empty(QK_K // 16, np.float32)
     for i in range(x.shape[0] // QK_K):
         xb = x[i * QK_K:(i + 1) * QK_K]
-        yb = y[i * 110:(i + 1) * 110]
+        yb = y[i * Q3_K_SIZE:(i + 1) * Q3_K_SIZE]
         amax = np.float32(0.0)
         max_scale = np.float32(0.0)
         for j in range(QK_K // 16):
@@ -756,7 +762,7 @@ def quantize_row_q3_K(x, y):
 @_kernel
 def dequantize_row_q3_K(x, y):
     for i in range(y.shape[0] // QK_K):
-        xb = x[i * 110:(i + 1) * 110]
+        xb = x[i * Q3_K_SIZE:(i + 1) * Q3_K_SIZE]
         d_all = load_f16(xb, 108)
         s = xb[96:108]
         for e in range(QK_K):
@@ -786,7 +792,7 @@ def quantize_row_q4_K(x, y):
     scales = np.empty(QK_K // 32, np.float32)
     mins = np.empty(QK_K // 32, np.float32)
     for i in range(x.shape[0] // QK_K):
-        yb = y[i * 144:(i + 1) * 144]
+        yb = y[i * Q4_K_SIZE:(i + 1) * Q4_K_SIZE]
         _quantize_superblock_k4(x[i * QK_K:(i + 1) * QK_K], yb, np.int64(15), np.float32(-1.0),
                                 np.float32(0.1), np.int64(20), L, Laux, weights, scales, mins)
         for j in range(0, QK_K, 64):
@@ -798,7 +804,7 @@ def quantize_row_q4_K(x, y):
 def dequantize_row_q4_K(x, y):
     """dequantize_row_q4_K (docs/quant-formats.md §3): y = (d*sc)*q - dmin*m, each product rounded."""
     for i in range(y.shape[0] // QK_K):
-        xb = x[i * 144:(i + 1) * 144]
+        xb = x[i * Q4_K_SIZE:(i + 1) * Q4_K_SIZE]
         d = load_f16(xb, 0)
         dmin = load_f16(xb, 2)
         q = xb[4:16]
@@ -825,7 +831,7 @@ def quantize_row_q5_K(x, y):
     scales = np.empty(QK_K // 32, np.float32)
     mins = np.empty(QK_K // 32, np.float32)
     for i in range(x.shape[0] // QK_K):
-        yb = y[i * 176:(i + 1) * 176]
+        yb = y[i * Q5_K_SIZE:(i + 1) * Q5_K_SIZE]
         _quantize_superblock_k4(x[i * QK_K:(i + 1) * QK_K], yb, np.int64(31), np.float32(-0.5),
                                 np.float32(0.1), np.int64(15), L, Laux, weights, scales, mins)
         qh = yb[16:48]
@@ -841,7 +847,7 @@ def quantize_row_q5_K(x, y):
 @_kernel
 def dequantize_row_q5_K(x, y):
     for i in range(y.shape[0] // QK_K):
-        xb = x[i * 176:(i + 1) * 176]
+        xb = x[i * Q5_K_SIZE:(i + 1) * Q5_K_SIZE]
         d = load_f16(xb, 0)
         dmin = load_f16(xb, 2)
         q = xb[4:16]
@@ -872,7 +878,7 @@ def quantize_row_q6_K(x, y):
     scales = np.empty(QK_K // 16, np.float32)
     for i in range(x.shape[0] // QK_K):
         xb = x[i * QK_K:(i + 1) * QK_K]
-        yb = y[i * 210:(i + 1) * 210]
+        yb = y[i * Q6_K_SIZE:(i + 1) * Q6_K_SIZE]
         max_scale = np.float32(0.0)
         max_abs_scale = np.float32(0.0)
         for ib in range(QK_K // 16):
@@ -914,7 +920,7 @@ def quantize_row_q6_K(x, y):
 def dequantize_row_q6_K(x, y):
     """dequantize_row_q6_K: y = (d*sc)*(q-32), left to right."""
     for i in range(y.shape[0] // QK_K):
-        xb = x[i * 210:(i + 1) * 210]
+        xb = x[i * Q6_K_SIZE:(i + 1) * Q6_K_SIZE]
         d = load_f16(xb, 208)
         for n in range(2):                 # 128-element halves
             ql = xb[64 * n:64 * n + 64]
@@ -951,7 +957,7 @@ def quantize_row_q8_K(x, y):
     q = np.empty(QK_K, np.int32)
     for i in range(x.shape[0] // QK_K):
         xb = x[i * QK_K:(i + 1) * QK_K]
-        yb = y[i * 292:(i + 1) * 292]
+        yb = y[i * Q8_K_SIZE:(i + 1) * Q8_K_SIZE]
         # |x| as the bits of |x| (ordered as the values; NaN's bits count as 0): integers, which
         # vectorize where a float max (NaN's order) does not
         xi = xb.view(np.int32)
@@ -981,7 +987,7 @@ def quantize_row_q8_K(x, y):
 @_kernel
 def dequantize_row_q8_K(x, y):
     for i in range(y.shape[0] // QK_K):
-        xb = x[i * 292:(i + 1) * 292]
+        xb = x[i * Q8_K_SIZE:(i + 1) * Q8_K_SIZE]
         d = np.uint32(_load_u32(xb, 0)).view(np.float32)
         for j in range(QK_K):
             y[i * QK_K + j] = d * np.float32(_i8(xb[4 + j]))
@@ -1108,11 +1114,11 @@ def quantize_row_iq4_nl(x, y):
     for i in range(x.shape[0] // 32):
         xb = x[32 * i:32 * (i + 1)]
         d = _iq4_block_scale(xb, w, L)
-        store_f16(y, 18 * i, d)
+        store_f16(y, IQ4_NL_SIZE * i, d)
         id_ = np.float32(1.0) / d if d != 0 else np.float32(0.0)
         for j in range(32):
             L[j] = _best_index_iq4(id_ * xb[j])
-        _iq4_pack(L, y, 18 * i + 2, 32)
+        _iq4_pack(L, y, IQ4_NL_SIZE * i + 2, 32)
 
 
 @_kernel
@@ -1125,7 +1131,7 @@ def quantize_row_iq4_xs(x, y):
     scales = np.empty(8, np.float32)
     for i in range(x.shape[0] // QK_K):
         xs = x[QK_K * i:QK_K * (i + 1)]
-        o = 136 * i
+        o = IQ4_XS_SIZE * i
         amax_scale = np.float32(0.0)
         max_scale = np.float32(0.0)
         for ib in range(8):
@@ -1156,9 +1162,9 @@ def quantize_row_iq4_xs(x, y):
 @_kernel
 def dequantize_row_iq4_nl(x, y):
     for i in range(y.shape[0] // 32):
-        d = load_f16(x, 18 * i)
+        d = load_f16(x, IQ4_NL_SIZE * i)
         for j in range(16):
-            q = x[18 * i + 2 + j]
+            q = x[IQ4_NL_SIZE * i + 2 + j]
             y[32 * i + j] = d * np.float32(KVALUES_IQ4NL[q & 0xF])
             y[32 * i + j + 16] = d * np.float32(KVALUES_IQ4NL[q >> 4])
 
@@ -1166,7 +1172,7 @@ def dequantize_row_iq4_nl(x, y):
 @_kernel
 def dequantize_row_iq4_xs(x, y):
     for i in range(y.shape[0] // QK_K):
-        o = 136 * i
+        o = IQ4_XS_SIZE * i
         d = load_f16(x, o)
         sh = np.int64(x[o + 2]) | (np.int64(x[o + 3]) << 8)
         for ib in range(8):

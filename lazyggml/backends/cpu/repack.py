@@ -44,7 +44,7 @@ from .quant import TABLE_F32_F16 as _F16
 from .simd import (bcast_half, bcast_pair, dot4_acc, fma, hsum_i32, lane, load_f32, load_f32x8,
                    load_i8x32, load_i16x16, load_u16, madd, splat_f32x8, splat_i32x8, store_f32x8, to_f32, vabs,
                    vadd, vmul, vsign)
-from .vec_dot import QK_K, Q4_K_SIZE, Q8_K_SIZE, _fmaf
+from .vec_dot import QK_K, Q4_0_SIZE, Q4_K_SIZE, Q8_0_SIZE, Q8_K_SIZE, _fmaf
 
 _fast = njit(cache=True)
 
@@ -217,8 +217,8 @@ def _b32_step(a, q, aq, xd, y, yb):
 def _b32_dot(n, x, y, yo, iq4):
     a = np.float32(0.0)
     for i in range(n // 32):
-        q, aq, xd = _b32_quants(x, i * 18, iq4)
-        a = _b32_step(a, q, aq, xd, y, yo + i * 34)
+        q, aq, xd = _b32_quants(x, i * Q4_0_SIZE, iq4)   # (IQ4_NL's blocks are as long)
+        a = _b32_step(a, q, aq, xd, y, yo + i * Q8_0_SIZE)
     return a
 
 
@@ -227,7 +227,7 @@ def _b32_cols(n, x, y, yo, ycs, ybs, nc, acc, out, iq4):
     """Against nc columns: each block unpacked once for all of them, column c's chain in acc[c]."""
     acc[:nc] = 0
     for i in range(n // 32):
-        q, aq, xd = _b32_quants(x, i * 18, iq4)
+        q, aq, xd = _b32_quants(x, i * Q4_0_SIZE, iq4)   # (IQ4_NL's blocks are as long)
         for c in range(nc):
             acc[c] = _b32_step(acc[c], q, aq, xd, y, yo + c * ycs + i * ybs)
     out[:nc] = acc[:nc]

@@ -60,8 +60,10 @@ from numba import njit
 
 from ... import types
 from ...cache import tie_cache
-from ...types import KVALUES_IQ4NL
+from ...types import KVALUES_IQ4NL, QK_K
 from . import quant, simd
+from .quant import (IQ4_NL_SIZE, IQ4_XS_SIZE, Q2_K_SIZE, Q3_K_SIZE, Q4_0_SIZE, Q4_1_SIZE, Q4_K_SIZE,  # bytes per
+                    Q5_0_SIZE, Q5_1_SIZE, Q5_K_SIZE, Q6_K_SIZE, Q8_0_SIZE, Q8_1_SIZE, Q8_K_SIZE)  # block (types.py)
 from .quant import TABLE_F32_F16 as _F16
 from .quant import fp32_to_fp16 as _fp32_to_fp16
 from .simd import (bcast_half, bcast_pair, bf16x8_to_f32, bits_to_bytes, concat, crumb, dot4_acc,
@@ -72,10 +74,6 @@ from .simd import (bcast_half, bcast_pair, bf16x8_to_f32, bits_to_bytes, concat,
                    splat_i32x8, store_f32x8, store_f32x16, store_i16x16, to_f32, transpose_pairs, u32x4_to_i8x16, vabs, vadd, vand, vmul, vor,
                    vsign, vsll, vsrl, vsub, widen_as, zext)
 
-QK_K = 256
-# bytes per block (docs/quant-formats.md §1)
-Q4_K_SIZE, Q5_K_SIZE, Q6_K_SIZE, Q8_K_SIZE = 144, 176, 210, 292
-Q4_0_SIZE, Q8_0_SIZE = 18, 34
 
 _ref = njit(cache=True)
 _fast = njit(cache=True)
@@ -306,7 +304,7 @@ def vec_dot_q2_K_q8_K_ref(n, x, y):
     high = min of a 16-element sub-block), qs[64] @16 (2-bit quants), d @80, dmin @82."""
     sumf = np.float32(0.0)
     for i in range(n // QK_K):
-        xo, yo = i * 84, i * Q8_K_SIZE
+        xo, yo = i * Q2_K_SIZE, i * Q8_K_SIZE
         summs = 0
         for j in range(16):
             summs += _i16(y, yo + 260 + 2 * j) * (_u8(x, xo + j) >> 4)
@@ -339,7 +337,7 @@ def vec_dot_q3_K_q8_K_ref(n, x, y):
     sums = np.zeros(8, np.float32)
     sumf = np.float32(0.0)
     for i in range(nb):
-        xo, yo = i * 110, i * Q8_K_SIZE
+        xo, yo = i * Q3_K_SIZE, i * Q8_K_SIZE
         m = 0
         for j in range(2):
             for g in range(4):
@@ -397,7 +395,7 @@ def vec_dot_q4_1_q8_1_ref(n, x, y):
     sumf += (dx*dy)*sumi + mx*sy, where sy is the q8_1 block's stored d*Σq."""
     sumf = np.float32(0.0)
     for i in range(n // 32):
-        xo, yo = i * 20, i * 36
+        xo, yo = i * Q4_1_SIZE, i * Q8_1_SIZE
         s0 = 0
         s1 = 0
         for j in range(16):
@@ -413,7 +411,7 @@ def vec_dot_q5_0_q8_0_ref(n, x, y):
     """ggml_vec_dot_q5_0_q8_0_generic: block_q5_0 = d (fp16), qh (u32), qs[16]; 5-bit q − 16."""
     sumf = np.float32(0.0)
     for i in range(n // 32):
-        xo, yo = i * 22, i * Q8_0_SIZE
+        xo, yo = i * Q5_0_SIZE, i * Q8_0_SIZE
         qh = _u32(x, xo + 2)
         s0 = 0
         s1 = 0
@@ -432,7 +430,7 @@ def vec_dot_q5_1_q8_1_ref(n, x, y):
     """ggml_vec_dot_q5_1_q8_1_generic: block_q5_1 = d, m (fp16), qh (u32), qs[16]."""
     sumf = np.float32(0.0)
     for i in range(n // 32):
-        xo, yo = i * 24, i * 36
+        xo, yo = i * Q5_1_SIZE, i * Q8_1_SIZE
         qh = _u32(x, xo + 4)
         s0 = 0
         s1 = 0
@@ -452,7 +450,7 @@ def vec_dot_iq4_nl_q8_0_ref(n, x, y):
     kv = KVALUES_IQ4NL
     sumf = np.float32(0.0)
     for i in range(n // 32):
-        xo, yo = i * 18, i * Q8_0_SIZE
+        xo, yo = i * Q4_0_SIZE, i * Q8_0_SIZE
         s0 = 0
         s1 = 0
         for j in range(16):
@@ -1205,7 +1203,6 @@ def dot_cols_q4_0_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out):
 # m·s per block (s = the q8_1 block's d·Σq) summed apart, as GGML's ``summs``. Q5_0 quants are
 # q − 16, signed, as Q4_0's. The fifth bit of element j is bit j of the block's 32-bit ``qh``.
 # ------------------------------------------------------------------------------------------------
-Q4_1_SIZE, Q5_0_SIZE, Q5_1_SIZE, Q8_1_SIZE = 20, 22, 24, 36
 
 @njit(inline="always")
 def _q5_high_bits(x, o):
@@ -1348,7 +1345,6 @@ def dot_cols_q5_1_q8_1(n, x, y, yo, ycs, ybs, nc, acc, out):
 # through the activations' bsums (dmin·Σ min_s·bsum_s, one FMA before the quants'); Q3_K's third
 # bit subtracts 4 where its hmask bit is clear, and its 6-bit scales are stored minus 32.
 # ------------------------------------------------------------------------------------------------
-Q2_K_SIZE, Q3_K_SIZE = 84, 110
 
 
 @njit(inline="always")
@@ -1518,7 +1514,6 @@ def dot_cols_q3_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
 # (|q| x sign(y, q)). IQ4_NL keeps two float accumulators, even and odd blocks, and finishes a last
 # odd block in scalar code; IQ4_XS weights each sub-block's int16 pair sums by its scale.
 # ------------------------------------------------------------------------------------------------
-IQ4_NL_SIZE, IQ4_XS_SIZE = 18, 136
 _KV = KVALUES_IQ4NL
 
 

@@ -1,9 +1,9 @@
 """The OpenCL program: its sources, the -D options that give them lazyggml's op codes, and the
 layout facts that Python and the kernels must agree on.
 
-The source rule: every header (``*.h``: helpers, no kernels) of this package in name order, then
-every ``*.cl`` file in name order, joined into one program that each device builds once. A new
-kernel file is picked up by being there.
+The source rule: the weight types' block sizes (``block_defines``, from ``types.py``), every header
+(``*.h``: helpers, no kernels) of this package in name order, then every ``*.cl`` file in name order,
+joined into one program that each device builds once. A new kernel file is picked up by being there.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import importlib.resources
 import numpy as np
 
 from ...ops import GluOp, Op, UnaryOp
+from ...types import WEIGHT_TYPES, blck_size, is_quantized, type_name, type_size
 
 # common.h's tensor_t, field for field
 TENSOR_T = np.dtype([("off", "<u8"), ("ne", "<i4", 4), ("nb", "<u8", 4)], align=True)
@@ -46,6 +47,19 @@ def source_files():
     return sorted(f for f in files if f.endswith(".h")) + sorted(f for f in files if f.endswith(".cl"))
 
 
+def block_defines():
+    """Each weight type's block as quants.h reads it, from ``types.py``: ``QK_<type>`` elements in
+    ``TS_<type>`` bytes, ``GPB_<type>`` groups of 16; F32, F16 and BF16 in virtual blocks of 16."""
+    lines = []
+    for t in WEIGHT_TYPES:
+        qk = blck_size(t) if is_quantized(t) else 16
+        ts = type_size(t) * (1 if is_quantized(t) else 16)
+        n = type_name(t)
+        lines += [f"#define QK_{n} {qk}", f"#define TS_{n} {ts}", f"#define GPB_{n} {qk // 16}"]
+    return "\n".join(lines)
+
+
 def program_source():
     root = importlib.resources.files(__package__)
-    return "\n".join(f"// ---- {name} ----\n{(root / name).read_text()}" for name in source_files())
+    return "\n".join([f"// ---- block sizes (types.py) ----\n{block_defines()}"] +
+                     [f"// ---- {name} ----\n{(root / name).read_text()}" for name in source_files()])

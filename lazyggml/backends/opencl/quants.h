@@ -4,8 +4,9 @@
 // block_scales_<type>(blk, s) unpacks what every group of the block at `blk` needs (its scales,
 // up to 16 floats) into s once per block, and dequant16_<type>(blk, s, j) returns elements
 // 16j .. 16j+15 of the block as one float16. A block holds QK_<type> elements in TS_<type> bytes,
-// GPB_<type> = QK/16 groups. F32, F16 and BF16 have no blocks in GGML; here they get "virtual blocks"
-// of 16 elements (and no scales) so the same kernels read them.
+// GPB_<type> = QK/16 groups: program.py defines them ahead of this file, from types.py. F32, F16
+// and BF16 have no blocks in GGML; here they get "virtual blocks" of 16 elements (and no scales)
+// so the same kernels read them.
 //
 // Alignment: Q8_0, Q6_K, Q2_K, Q3_K and the 32-element types have blocks of 34, 210, 84, 110, 18,
 // 20, 22 and 24 bytes,
@@ -14,52 +15,6 @@
 // (uint4): PoCL turns vload16 of uchar into eight 2-byte loads, which made its mat-vec
 // compute-bound. The host only sends Q4_K and Q5_K tensors whose blocks start 16-byte aligned
 // (ops.py, _blocks_aligned).
-
-#define QK_f32 16
-#define TS_f32 64
-#define GPB_f32 1
-#define QK_f16 16
-#define TS_f16 32
-#define GPB_f16 1
-#define QK_bf16 16
-#define TS_bf16 32
-#define GPB_bf16 1
-#define QK_q8_0 32
-#define TS_q8_0 34
-#define GPB_q8_0 2
-#define QK_q4_K 256
-#define TS_q4_K 144
-#define GPB_q4_K 16
-#define QK_q6_K 256
-#define TS_q6_K 210
-#define GPB_q6_K 16
-#define QK_q4_0 32
-#define TS_q4_0 18
-#define GPB_q4_0 2
-#define QK_q4_1 32
-#define TS_q4_1 20
-#define GPB_q4_1 2
-#define QK_q5_0 32
-#define TS_q5_0 22
-#define GPB_q5_0 2
-#define QK_q5_1 32
-#define TS_q5_1 24
-#define GPB_q5_1 2
-#define QK_q5_K 256
-#define TS_q5_K 176
-#define GPB_q5_K 16
-#define QK_q2_K 256
-#define TS_q2_K 84
-#define GPB_q2_K 16
-#define QK_q3_K 256
-#define TS_q3_K 110
-#define GPB_q3_K 16
-#define QK_iq4_nl 32
-#define TS_iq4_nl 18
-#define GPB_iq4_nl 2
-#define QK_iq4_xs 256
-#define TS_iq4_xs 136
-#define GPB_iq4_xs 16
 
 static inline void block_scales_none(global const uchar *blk, float *s) {}
 #define block_scales_f32 block_scales_none
