@@ -590,6 +590,10 @@ parity("concat dim 1", [f32(6, 5, 4), f32(6, 2, 4)], [_rand(4, 5, 6), _rand(4, 2
 for _type in (F16, BF16, Q4_0, Q8_0, Q4_K):
     parity(f"cpy f32 -> {_type.name}", [f32(256, 3), (_type, (256, 3))],
            [_rand(3, 256), lambda r, t=_type: np.zeros(3 * lg.row_size(t, 256), np.uint8)], lg.cpy, "cpy")
+# F16 sources make values that land near a half step of Q8_0 common: GGML's CPU from_float rounds them
+parity("cpy f16 -> Q8_0", [(F16, (256, 8)), (Q8_0, (256, 8))],
+       [lambda r: r.uniform(-1, 1, (8, 256)).astype(np.float16),
+        lambda r: np.zeros(8 * lg.row_size(Q8_0, 256), np.uint8)], lg.cpy, "cpy")
 for _name in ("tanh", "elu", "sigmoid", "exp", "hardswish", "hardsigmoid", "sqr", "sin", "cos", "abs", "sgn",
               "step", "relu", "neg", "gelu_erf"):
     parity(_name, [f32(100, 4, 3)], [_rand(3, 4, 100, lo=-5, hi=5)], getattr(lg, _name), _name)
