@@ -18,7 +18,8 @@ the signatures a real graph needs is to run real graphs. ``CASES`` holds:
   single-threaded ones, and an attention block shaped like the model runner's (F16 KV caches
   written with ``set_rows``, permuted views, masked ``soft_max_ext``). Each runs through
   ``op_cases.run_case``, so its result is checked too; on the CPU it runs a second time with every
-  ``common.parallel_kernel`` launch taking the parallel kernel (small work takes the serial twin);
+  ``common.parallel_kernel`` row kernel taking its pool job (``Thresholds.elements`` at 0: small
+  work takes the serial twin);
 * what is not an op case: the quantizers and dequantizers of every type, and a small LLaMA model
   run end to end (the embedded default model when it is there, else a random one from
   ``lazyggml.testing``), prompt then decode.
@@ -75,7 +76,7 @@ import tempfile
 import time
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -83,7 +84,6 @@ from numba.core.errors import NumbaPerformanceWarning
 
 from . import cache, op_cases
 from .backend import DeviceType
-from .backends.cpu import common as cpu_common
 from .backends.cpu import convert as cpu_convert
 from .registry import dev_count, dev_get
 from .types import as_type, type_name
@@ -115,12 +115,14 @@ def _run_op_case(case, backend):
         return False
     if backend.device.type == DeviceType.CPU:
         # small work runs the serial twins of common.parallel_kernel: compile the parallel kernels
-        # too, in a new graph (a new plan) where every launch takes them
-        small, cpu_common.PARALLEL_MIN_ELEMENTS = cpu_common.PARALLEL_MIN_ELEMENTS, 0
+        # too, in a new graph (a new plan) where every row kernel takes them (the products' own
+        # thresholds are passed by the cases large enough for them)
+        thresholds = backend.thresholds
+        backend.thresholds = replace(thresholds, elements=0)
         try:
             op_cases.run_case(case, backend, seed=0)
         finally:
-            cpu_common.PARALLEL_MIN_ELEMENTS = small
+            backend.thresholds = thresholds
     return True
 
 

@@ -24,7 +24,8 @@ import pytest
 import lazyggml as lg
 from lazyggml import quants
 from lazyggml.backend import backend_graph_compute, tensor_get, tensor_set
-from lazyggml.backends.cpu import backend_cpu_init, simd
+from lazyggml.backends.cpu import CPUBackend, backend_cpu_init, cpu_device, simd
+from lazyggml.backends.cpu.params import ALWAYS_PARALLEL, NEVER_PARALLEL
 from lazyggml.op_cases import CASES, SEED, f32, new, nmse, run_case, to_bf16_bits
 
 F32, F16, BF16, I32 = lg.F32, lg.F16, lg.BF16, lg.I32
@@ -62,13 +63,9 @@ _POOLED_FAMILIES = ("mul_mat", "unary", "binary", "glu", "norm", "rope", "soft_m
 
 
 @pytest.fixture
-def every_kernel_pooled(monkeypatch):
+def every_kernel_pooled(cpu, monkeypatch):
     """Every parallel kernel takes its pool job, whatever its size (the thresholds at 0)."""
-    from lazyggml.backends.cpu import common, matmul, matmul_id
-    monkeypatch.setattr(common, "PARALLEL_MIN_ELEMENTS", 0)
-    for name in ("PARALLEL_MIN_MACS", "FLOAT_PARALLEL_MIN_MACS", "POOL_MIN_MACS"):
-        monkeypatch.setattr(matmul, name, 0)
-    monkeypatch.setattr(matmul_id, "PARALLEL_MIN_MACS", 0)
+    monkeypatch.setattr(cpu, "thresholds", ALWAYS_PARALLEL)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.family in _POOLED_FAMILIES],
@@ -79,16 +76,10 @@ def test_cpu_every_kernel_on_the_pool(case, cpu, every_kernel_pooled):
     assert run_case(case, cpu) == "ok", f"{case.name}: the CPU backend does not support it"
 
 
-def _bits_alone_and_pooled(monkeypatch, specs, datas, build):
+def _bits_alone_and_pooled(specs, datas, build):
     """The result's bytes computed with every kernel on this thread, then with every kernel a pool job."""
-    from lazyggml.backends.cpu import common, matmul
-    alone = []
-    for threshold in (1 << 62, 0):
-        monkeypatch.setattr(common, "PARALLEL_MIN_ELEMENTS", threshold)
-        for name in ("PARALLEL_MIN_MACS", "FLOAT_PARALLEL_MIN_MACS", "POOL_MIN_MACS"):
-            monkeypatch.setattr(matmul, name, threshold)
-        alone.append(run_lazyggml(specs, datas, build, backend_cpu_init()))
-    return alone
+    return [run_lazyggml(specs, datas, build, CPUBackend(cpu_device(), thresholds=thresholds))
+            for thresholds in (NEVER_PARALLEL, ALWAYS_PARALLEL)]
 
 
 _POOL_BITS = [   # (name, input specs, build): shapes with rows or tiles that do not divide evenly
@@ -106,7 +97,7 @@ _POOL_BITS = [   # (name, input specs, build): shapes with rows or tiles that do
 
 
 @pytest.mark.parametrize("name, specs, build", _POOL_BITS, ids=[p[0] for p in _POOL_BITS])
-def test_pool_jobs_give_the_bits_of_one_thread(name, specs, build, monkeypatch):
+def test_pool_jobs_give_the_bits_of_one_thread(name, specs, build):
     """A kernel's chunks on the pool compute exactly what it computes alone: the same bits."""
     rng = np.random.default_rng(SEED)
     datas = []
@@ -114,7 +105,7 @@ def test_pool_jobs_give_the_bits_of_one_thread(name, specs, build, monkeypatch):
         x = rng.uniform(-1, 1, tuple(reversed(ne))).astype(np.float32)
         datas.append(x.astype(np.float16) if t == F16 else
                      quants.quantize(t, x.reshape(-1, ne[0])).reshape(-1) if t == Q4_K else x)
-    alone, pooled = _bits_alone_and_pooled(monkeypatch, specs, datas, build)
+    alone, pooled = _bits_alone_and_pooled(specs, datas, build)
     assert np.array_equal(alone, pooled), f"{name}: the pool's result differs from one thread's (seed {SEED})"
 
 
@@ -287,16 +278,16 @@ def test_plan_survives_other_graphs_allocations(cpu):
     alloc_ctx_tensors_from_buft(ctx, cpu_buffer_type())
     tensor_set(a, np.arange(16, dtype=np.float32))
     cpu.graph_compute(g)
-    plan = cpu._plan(g, cpu.n_threads)
+    plan = cpu._plan(g)
     other = lg.Context(no_alloc=True)
     other.new_tensor_1d(F32, 8)
     alloc_ctx_tensors_from_buft(other, cpu_buffer_type())      # moves the epoch, not our tensors
     cpu.graph_compute(g)
-    assert cpu._plan(g, cpu.n_threads) is plan
+    assert cpu._plan(g) is plan
     a.buffer, a.offset = out.buffer, out.offset                 # a now lives where out does
     tensor_set(a, np.ones(16, np.float32))
     cpu.graph_compute(g)
-    assert cpu._plan(g, cpu.n_threads) is not plan and np.array_equal(tensor_get(out).ravel(), np.full(16, 3.0))
+    assert cpu._plan(g) is not plan and np.array_equal(tensor_get(out).ravel(), np.full(16, 3.0))
 
 
 @pytest.mark.parametrize("n_cols", [5, 1], ids=["batch", "decode"])
@@ -326,7 +317,7 @@ def test_products_of_one_input_quantize_it_once(cpu, n_cols):
     for t, v in [(x, xv), (b, bv)] + list(zip(w, ws)):
         tensor_set(t, v)
     cpu.graph_compute(g)
-    names = [getattr(k, "__name__", "") for k, _ in cpu._plan(g, cpu.n_threads).calls]
+    names = [getattr(k, "__name__", "") for k, _ in cpu._plan(g).calls]
     quantizing = ("_matvec",) if n_cols == 1 else ("_quantize_acts",)
     assert len([n for n in names if n.startswith(quantizing)]) == 2, names
     for run in range(2):   # the plan's first run from Python, then replayed (backends/cpu/replay.py)
@@ -359,7 +350,7 @@ def test_ropes_of_one_position_tensor_share_their_cache(cpu):
     for t, v in ((q, qv), (k, kv), (pos, pv)):
         tensor_set(t, v)
     cpu.graph_compute(g)
-    caches = [f for f, _ in cpu._plan(g, cpu.n_threads).calls if getattr(f, "__name__", "") == "rope_cache"]
+    caches = [f for f, _ in cpu._plan(g).calls if getattr(f, "__name__", "") == "rope_cache"]
     assert len(caches) == 2
     for o, (x, n_dims, mode) in zip(outs, [(qv, 64, 0), (kv, 64, 0), (qv, 32, 2)]):
         alone = compute(cpu, lambda a, p: lg.rope(a, p, n_dims, mode), x, pv)

@@ -31,6 +31,7 @@ from lazyggml.backends.cpu import quant as Q
 from lazyggml.backends.cpu import simd, tiled
 from lazyggml.backends.cpu import vec_dot as V
 from lazyggml.backends.cpu.common import KIND
+from lazyggml.backends.cpu.params import ALWAYS_PARALLEL, NEVER_PARALLEL, ComputeParams
 from lazyggml.backends.cpu.traits import TYPE_TRAITS_CPU, get_type_traits_cpu, types_with
 from lazyggml.types import Type, row_size, type_size, blck_size
 
@@ -288,7 +289,7 @@ def test_dequantize_equals_ggml_get_rows(t):
 
 
 @pytest.mark.parametrize("t", [Type.Q4_K, Type.F16], ids=lambda t: t.name)
-def test_mul_mat_serial_and_parallel_agree(t, monkeypatch):
+def test_mul_mat_serial_and_parallel_agree(t):
     """Small products run on one thread, large ones on all (each path with its own threshold): the
     two drivers give the same bits."""
     rng = np.random.default_rng(7)
@@ -297,12 +298,8 @@ def test_mul_mat_serial_and_parallel_agree(t, monkeypatch):
     x = rng.uniform(-1, 1, (1, 1, 20, 512)).astype(np.float32)
     a = np.empty((1, 1, 20, 64), np.float32)
     b = np.empty_like(a)
-    for name in ("PARALLEL_MIN_MACS", "FLOAT_PARALLEL_MIN_MACS"):
-        monkeypatch.setattr(M, name, 1 << 62)
-    M.mul_mat(w, t, x, a)
-    for name in ("PARALLEL_MIN_MACS", "FLOAT_PARALLEL_MIN_MACS"):
-        monkeypatch.setattr(M, name, 0)
-    M.mul_mat(w, t, x, b)
+    M.mul_mat(w, t, x, a, params=ComputeParams(2, NEVER_PARALLEL))
+    M.mul_mat(w, t, x, b, params=ComputeParams(2, ALWAYS_PARALLEL))
     assert np.array_equal(a, b)
 
 

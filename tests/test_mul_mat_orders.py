@@ -14,7 +14,7 @@ import pytest
 
 import lazyggml as lg
 from lazyggml.backends.cpu import matmul as M
-from lazyggml.backends.cpu import repack, simd, tiled
+from lazyggml.backends.cpu import simd, tiled
 from lazyggml.backends.cpu.traits import TYPE_TRAITS_CPU
 from lazyggml.types import Type, row_size, type_size
 
@@ -197,6 +197,7 @@ def test_mul_mat_id_orders(t, repacked, monkeypatch):
     of its expert in that order: mul_mat of the expert with the pair's column alone (gemv, vec_dot)
     or among 8 columns (tiled, whose order is per column)."""
     from lazyggml.backends.cpu import matmul_id
+    from lazyggml.backends.cpu.params import ComputeParams
     monkeypatch.setattr(tiled, "TILED", True)
     rng = np.random.default_rng(7 + int(t) + repacked)
     n_expert, m, k, n_tok, n_used = 4, 16, 512, 12, 2
@@ -206,7 +207,7 @@ def test_mul_mat_id_orders(t, repacked, monkeypatch):
     ids[0, 0, :, 0] = 0                                # expert 0: 12 pairs (tiled when not repacked)
     ids[0, 0, :, 1] = 1 + np.arange(n_tok) % 3         # experts 1..3: 4 pairs each (vec_dot)
     dst = np.empty((1, n_tok, n_used, m), np.float32)
-    for step, args in matmul_id.mul_mat_id_steps(wq, t, x, ids, dst, 2, repacked):
+    for step, args in matmul_id.mul_mat_id_steps(wq, t, x, ids, dst, ComputeParams(2), repacked):
         step(*args)
     for tok in range(n_tok):
         for e in range(n_used):

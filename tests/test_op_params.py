@@ -304,17 +304,18 @@ def _expected_slopes():
 
 
 def test_cpu_glue_uses_shared_constants():
+    from lazyggml.backends.cpu.params import ComputeParams
     from lazyggml.backends.cpu.rope import rope_cache, rope_forward
     from lazyggml.backends.cpu.softmax import soft_max_forward
     node = _rope_node()
     x = np.zeros((1, 3, 2, 128), np.float32)
-    plan = rope_forward(node, x, [x, np.arange(3, dtype=np.int32), None])
+    plan = rope_forward(node, x, [x, np.arange(3, dtype=np.int32), None], ComputeParams(1))
     consts = next(args for kernel, args in plan if kernel is rope_cache)[4]   # rope_cache(.., consts, cache)
     assert tuple(f32(c) for c in consts[:3]) == _expected_rope()
 
     node = _soft_max_node()
     x = np.zeros((1, N_HEAD, 4, 8), np.float32)
-    (_, args), = soft_max_forward(node, x, [x, np.zeros((1, 1, 4, 8), np.float32), None])
+    (_, args), = soft_max_forward(node, x, [x, np.zeros((1, 1, 4, 8), np.float32), None], ComputeParams(1))
     slopes = args[6]    # soft_max(ch, nch, x, mask, mkind, has_mask, slopes, scale, dst)
     m0, m1, n_head_log2 = soft_max_alibi(N_HEAD, MAX_BIAS)
     assert slopes[0] == m0 and slopes[n_head_log2] == m1   # m0^1, m1^1

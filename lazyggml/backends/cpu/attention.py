@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 from numba import njit
 
@@ -57,7 +56,7 @@ from ...ops import Op, flash_attn_params
 from ...types import Type
 from . import common, elementwise, pool, quant, simd
 from .table import forward
-from .common import (KIND, KIND_F16, KIND_F32, as_bits, chunk, launch, parallel_kernel, pool_step, to_f32, from_f32,
+from .common import (KIND, KIND_F16, KIND_F32, as_bits, chunk, parallel_kernel, to_f32, from_f32,
                      unravel_row)
 from .elementwise import v_expf
 from .simd import (HAVE_AVX512, f16x8_to_f32, fma, hadd_f32x8_cols, hsum_f32x8, lane, load_f32x8, load_i16x8, round_f16x8, splat_f32x8,
@@ -487,7 +486,7 @@ def _supported(node):
 
 
 @forward(Op.FLASH_ATTN_EXT, supports=_supported)
-def flash_attn_forward(node, dst, srcs):
+def flash_attn_forward(node, dst, srcs, params):
     scale, max_bias, softcap, _prec = flash_attn_params(node)
     q_t, k_t, v_t, mask_t = node.src[0], node.src[1], node.src[2], node.src[3]
     if softcap != 0:
@@ -501,7 +500,7 @@ def flash_attn_forward(node, dst, srcs):
     n_q, n_kv = q_t.ne[1], k_t.ne[1]
     same_kv = k_t.type == v_t.type
     tiled = same_kv and n_q >= _TILE
-    nth = numba.get_num_threads()
+    nth = params.nth
     nchunk = nth if (same_kv and n_q == 1 and q_t.ne[3] == 1 and n_kv >= _SPLIT_MIN_KV) else 1
     parts, stats = _NO_PARTS, _NO_PARTS
     if nchunk > 1:
@@ -511,10 +510,10 @@ def flash_attn_forward(node, dst, srcs):
     args = (srcs[0], k, srcs[1].shape[:3], kst, KIND[k_t.type], v, vst, KIND[v_t.type], mask, mkind,
             mask_t is not None, alibi_slopes(node.ne[1], max_bias), float(scale), float(softcap))
     if tiled:
-        return [launch(flash_attn_tiled, work, *args, dst)]
+        return [params.launch(flash_attn_tiled, work, *args, dst)]
     n_items = q_t.ne[1] * q_t.ne[2] * q_t.ne[3] * nchunk
-    nch = 1 if work < common.PARALLEL_MIN_ELEMENTS else min(n_items, ROW_CHUNKS_PER_THREAD * nth)
-    steps = [pool_step(flash_attn_rows, nch, *args, nchunk, parts, stats, dst)]
+    nch = 1 if work < params.thresholds.elements else min(n_items, ROW_CHUNKS_PER_THREAD * nth)
+    steps = [params.step(flash_attn_rows, nch, *args, nchunk, parts, stats, dst)]
     if nchunk > 1:
         steps.append((_reduce_chunks, (parts, stats, dst)))
     return steps

@@ -15,6 +15,8 @@ thread count, and replayed. After its first run, when Numba has compiled every k
 arguments, the plan's kernel calls are made from native code (``replay.py``): a decode step is
 then one Python call, where a call per kernel cost ~1 µs each in argument conversions alone.
 
+The forwards are told the backend's thread count, thresholds and pool in a ``ComputeParams``
+(``params.py``), never through a process global, so two CPU backends plan independently.
 Parallel kernels are jobs of the backend's own thread pool (``pool.py``), a prompt's as a decode
 step's. Each run sets the pool's active workers once, to what ``threads.py`` picks for that graph:
 fewer threads while other programs keep CPUs busy (and Numba's thread count with them, for the
@@ -33,7 +35,8 @@ import numba
 from ...backend import Backend, Device, DeviceType, Registry, host_view
 from ...buffer import BufferType, HostBuffer, Status
 from ...ops import EMPTY_OPS
-from .table import FORWARD, planning
+from .params import ComputeParams, Thresholds
+from .table import FORWARD
 from . import pool, replay
 from .repack import RepackBufferType
 from .threads import ThreadGovernor
@@ -89,14 +92,19 @@ class CPUDevice(Device):
 
 
 class CPUBackend(Backend):
-    def __init__(self, device, n_threads=None):
+    """``n_threads``: what plans are made for (at most; see threads.py); ``thresholds``: the work
+    below which a step runs on one thread (``params.Thresholds``; tests and warm-up set
+    ``params.ALWAYS_PARALLEL`` to run the parallel kernels on small cases)."""
+
+    def __init__(self, device, n_threads=None, thresholds=Thresholds()):
         super().__init__(device)
-        self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS   # at most; see threads.py
+        self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS
+        self.thresholds = thresholds
         self.governor = ThreadGovernor()
 
     def graph_compute(self, g):
         n = self.governor.threads(self.n_threads)
-        plan = self._plan(g, self.n_threads)
+        plan = self._plan(g)
         if numba.get_num_threads() != n:   # reading it costs a third of setting it (~1 vs 3 µs)
             numba.set_num_threads(n)
         pool.set_threads(n)
@@ -107,21 +115,22 @@ class CPUBackend(Backend):
             plan.direct = True
         return Status.SUCCESS
 
-    def _plan(self, g, n_threads):
-        """The bound kernel calls of ``g`` for ``n_threads`` threads, kept in its ``GraphPlan`` (the
-        reuse contract), one per thread count asked for (``set_n_threads`` may change it)."""
+    def _plan(self, g):
+        """The bound kernel calls of ``g``, kept in its ``GraphPlan`` (the reuse contract), one per
+        thread count and thresholds asked for (``set_n_threads`` may change them); the forwards make
+        them with a fresh ``ComputeParams`` (``params.py``)."""
         gp = FORWARD.plan(g)
         plans = gp.state.setdefault(self, {})
-        plan = plans.get(n_threads)
+        key = (self.n_threads, self.thresholds)
+        plan = plans.get(key)
         if plan is None:
-            numba.set_num_threads(n_threads)   # the forwards read it
+            params = ComputeParams(self.n_threads, self.thresholds)
             steps = []
-            with planning() as scope:
-                for fn, node in gp.nodes:
-                    dst = host_view(node)
-                    scope.written(dst)
-                    steps += fn(node, dst, [None if s is None else host_view(s) for s in node.src])
-            plan = plans[n_threads] = _Plan(steps)
+            for fn, node in gp.nodes:
+                dst = host_view(node)
+                params.scope.written(dst)
+                steps += fn(node, dst, [None if s is None else host_view(s) for s in node.src], params)
+            plan = plans[key] = _Plan(steps)
         return plan
 
 

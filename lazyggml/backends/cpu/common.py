@@ -1,6 +1,6 @@
 """What the CPU kernel modules share: element kinds and their conversions (rows, shape, softmax's
-mask, matmul's activations), ``unravel_row``, and ``parallel_kernel`` / ``launch`` (a kernel
-whose rows are split over the pool's threads, on one thread when the work is small).
+mask, matmul's activations), ``unravel_row``, and ``parallel_kernel`` (a kernel whose rows can be
+split over the pool's threads; ``ComputeParams.launch`` in ``params.py`` decides how many chunks).
 
 Element types travel as their raw bits: a tensor's NumPy view is reinterpreted as an unsigned
 integer array of the same width (``as_bits``), and a small integer *kind* says how to read and
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import types
 
-import numba
 import numpy as np
 from numba import njit
 
@@ -93,13 +92,6 @@ def convert_row(s, skind, d, dkind):
         d[j] = from_f32(to_f32(s[j], skind), dkind)
 
 
-# below this many elements a parallel kernel runs on one thread: waking the pool costs more
-PARALLEL_MIN_ELEMENTS = 1 << 15
-# chunks per thread of a parallel kernel's job: a late or descheduled thread's chunks are taken by
-# the others (pool.py), at the price of one compare-and-swap a chunk
-CHUNKS_PER_THREAD = 2
-
-
 @njit(cache=True, inline="always")
 def chunk(n, c, nc):
     """Chunk ``c`` of ``nc`` of ``range(n)``: the rows (or tiles) a parallel kernel's call does."""
@@ -117,7 +109,8 @@ def parallel_kernel(fn):
     """A kernel whose rows can be split over threads: ``fn(ch, nch, *args)`` does chunk ch of nch
     of them (``for r in chunk(n, ch, nch)``), so ``kernel(0, 1, *args)`` does them all on this
     thread and ``kernel.run(state, nch, *args)`` posts the chunks as one job of the CPU backend's pool
-    (``pool.parallel_for``; ``state`` is the pool's). The pool, not OpenMP: a prompt's ~15 parallel
+    (``pool.parallel_for``; ``state`` is the pool's; ``ComputeParams.step`` makes either the plan's
+    step). The pool, not OpenMP: a prompt's ~15 parallel
     kernels a layer then keep the workers spinning between them, and a worker that the machine
     woke late (in a VM ~0.25 ms after an idle spell, where libgomp's barrier made both threads
     sleep and wake at every region) costs the job its own chunk at most. ``run`` has its own
@@ -130,22 +123,6 @@ def parallel_kernel(fn):
     run.__qualname__ = f"{fn.__module__.rpartition('.')[2]}.{fn.__qualname__}.run"
     kernel.run = njit(**flags)(run)
     return kernel
-
-
-def pool_step(kernel, nch, *args):
-    """The plan step ``(kernel, args)`` of a ``parallel_kernel`` in ``nch`` chunks: a job of the pool,
-    or the kernel itself on this thread for one chunk."""
-    if nch > 1:
-        return kernel.run, (pool.get_pool().state, nch) + args
-    return kernel, (0, 1) + args
-
-
-def launch(kernel, n_elements, *args):
-    """``pool_step`` of a row kernel: all of it on this thread when the work is small or Numba has
-    one thread (read when the plan is made: the CPU backend sets it first), else CHUNKS_PER_THREAD
-    chunks a thread."""
-    nth = numba.get_num_threads()
-    return pool_step(kernel, 1 if n_elements < PARALLEL_MIN_ELEMENTS else CHUNKS_PER_THREAD * nth, *args)
 
 
 @_kernel

@@ -113,7 +113,7 @@ def _copy_to_q(s, skind, n0, dst, qtype):
 
 
 @forward(Op.DUP, Op.CONT, Op.CPY, supports=_supports)
-def copy_forward(node, dst, srcs):
+def copy_forward(node, dst, srcs, params):
     src_t, s = node.src[0], srcs[0]
     plan = _copy_plan(node)
     if plan == "raw":

@@ -39,7 +39,7 @@ from ...ops import GluOp, Op, UnaryOp, clamp_params, glu_params, scale_params, u
 from ...types import Type
 from . import common, pool, quant, simd
 from .table import forward
-from .common import chunk, launch, parallel_kernel, unravel_row
+from .common import chunk, parallel_kernel, unravel_row
 from .quant import fp32_to_fp16
 from .simd import fma as fmaf  # a*b + c, fused where the target has FMA (as GCC contracts GGML's C)
 
@@ -347,7 +347,7 @@ def _unary_supported(node):
 
 @forward(Op.UNARY, Op.SQR, Op.SQRT, Op.LOG, Op.SIN, Op.COS, Op.SCALE, Op.CLAMP,
          supports=_unary_supported)
-def unary_forward(node, dst, srcs):
+def unary_forward(node, dst, srcs, params):
     p0 = p1 = 0.0
     if node.op == Op.UNARY:
         code = int(unary_op(node))
@@ -357,13 +357,13 @@ def unary_forward(node, dst, srcs):
             p0, p1 = scale_params(node)
         elif node.op == Op.CLAMP:
             p0, p1 = clamp_params(node)
-    return [launch(unary, dst.size, code, srcs[0], dst, float(p0), float(p1), GELU_TABLES)]
+    return [params.launch(unary, dst.size, code, srcs[0], dst, float(p0), float(p1), GELU_TABLES)]
 
 
 @forward(Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.ADD1, supports=_all_f32)
-def binary_forward(node, dst, srcs):
+def binary_forward(node, dst, srcs, params):
     a, b = srcs[0], srcs[1]
-    kernel, args = launch(binary, dst.size, _BINARY_CODE[node.op], a, b, dst)
+    kernel, args = params.launch(binary, dst.size, _BINARY_CODE[node.op], a, b, dst)
     if b.shape[3] != dst.shape[3]:  # repeat along dim 0: tile b's rows (small: b divides a)
         return [(_Tiled(kernel), args)]
     return [(kernel, args)]
@@ -371,7 +371,7 @@ def binary_forward(node, dst, srcs):
 
 class _Tiled:
     """A plan step: ``kernel`` (``binary`` on this thread or its pool driver ``binary.run``, as
-    ``launch`` chose) with b's rows tiled to dst's length, at every run (b's contents change
+    ``params.launch`` chose) with b's rows tiled to dst's length, at every run (b's contents change
     between runs)."""
 
     __slots__ = ("kernel",)
@@ -388,10 +388,10 @@ def _glu_supported(node):
 
 
 @forward(Op.GLU, supports=_glu_supported)
-def glu_forward(node, dst, srcs):
+def glu_forward(node, dst, srcs, params):
     gop, swapped = glu_params(node)
     split = srcs[1] is not None
-    return [launch(glu, dst.size, int(gop), srcs[0], srcs[1] if split else srcs[0], dst, split, swapped,
+    return [params.launch(glu, dst.size, int(gop), srcs[0], srcs[1] if split else srcs[0], dst, split, swapped,
                    GELU_TABLES)]
 
 

@@ -62,12 +62,13 @@ from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, as_type, row_size, type_size
 from . import common
-from .table import address, current_scope, forward
+from .params import ComputeParams, address
+from .table import forward
 from . import dispatch as D
 from . import quant as Q
 from . import pool, repack, simd, tiled
 from . import vec_dot as V
-from .common import (FLOAT_TYPES, KIND, KIND_F16, KIND_F32, chunk, from_f32, parallel_kernel, pool_step, to_f32,
+from .common import (FLOAT_TYPES, KIND, KIND_F16, KIND_F32, chunk, from_f32, parallel_kernel, to_f32,
                      unravel_row)
 from .traits import TYPE_TRAITS_CPU, types_with
 
@@ -92,28 +93,15 @@ DECODE_MAX_COLS = 8
 # 92 -> 76 µs; more, fewer tasks lose the balance between threads.
 DECODE_TASKS_PER_THREAD = 4
 DECODE_RT_MIN, DECODE_RT_MAX = 16, 128
-# below this many multiply-adds one thread beats waking the others (measured when the tiles ran in
-# OpenMP regions, ~3 µs each even while libgomp's workers still spun from the last one, and more
-# when their tasks landed on the other core's cache; kept for the pool's jobs, whose single-column
-# products have their own threshold below). Measured (2 threads, weights in cache, best of 9):
-# Q4_K 256x256 4.5 µs on one thread, 7.1 on two; 768x256 11.0 / 10.0-12.5; 256x768 8.6 / 9.4-9.7; Q6_K 1024x256
-# 12.8 / 12.4-13.6; 768x768 21.9 / 16.5-22.3; 2048x768 57-74 / 38-44.
-PARALLEL_MIN_MACS = 1 << 18
-# A single column's product on the pool (decode): below this many multiply-adds one thread (a
-# 128x256 product gained nothing from two); chunks per thread (two: a late thread's share is
-# taken by the other; more cost a compare-and-swap each and shorten the prefetched row runs) of
-# at least POOL_MIN_ROWS rows.
-POOL_MIN_MACS = 1 << 16
+# A single column's product on the pool (decode): one thread below ``Thresholds.pool_macs``
+# multiply-adds (params.py); chunks per thread (two: a late thread's share is taken by the other;
+# more cost a compare-and-swap each and shorten the prefetched row runs) of at least POOL_MIN_ROWS
+# rows. Several columns: one thread below ``Thresholds.macs`` (``float_macs`` for float weights).
 POOL_CHUNKS_PER_THREAD = 2
 POOL_MIN_ROWS = 32
 # Many columns (prompts): chunks per thread, each a run of consecutive tasks (which share their
 # column tile): a thread that starts late, or is descheduled, leaves its later chunks to the others.
 PREFILL_CHUNKS_PER_THREAD = 4
-# ... and for float weights, which at decode are the attention's KQ and KQV products: rows of a
-# head's 64 values, each with its own horizontal sum, ~6.5 GMAC/s a thread. Measured (F16 KQ of
-# one token over 256 cells): 4 heads (the embedded model's, 65536 multiply-adds) take 10.3 µs on
-# one thread and 14.4 µs on two; 12 heads 32.0 and 30.6 µs; 12 heads over 512 cells 58.2 and 45.0.
-FLOAT_PARALLEL_MIN_MACS = 1 << 17
 #: Float products of 2 columns or more in the order of llamafile's sgemm (tinyBLAS), as GGML adds
 #: them when built with GGML_LLAMAFILE, which llama.cpp turns on by default (so its F16 KV cache's
 #: attention without flash attention, and its F32/F16/BF16 weights' prompts, give these bits); off
@@ -246,7 +234,7 @@ def _tasks_chunk(c, nc, kid, path, n, w4, yq, rs, bsz, dst, RT, CT, acc, tmp):
 # A single activation column (decode) runs on the CPU backend's own thread pool (pool.py), its rows
 # in chunks: a pool job costs ~0.5 µs where an OpenMP region costs ~3, so products of 256 rows
 # gain from two threads too (3.7M model, 2 threads, weights in cache: 768x256 Q4_K 9.4 -> 5.9 µs,
-# 256x768 8.4 -> 5.2, 256x256 3.6 -> 2.9, 128x256 2.0 -> 2.1: left on one thread, see POOL_MIN_MACS).
+# 256x768 8.4 -> 5.2, 256x256 3.6 -> 2.9, 128x256 2.0 -> 2.1: left on one thread, see Thresholds.pool_macs).
 # The column is quantized by the product's own call: one call, and one set of arguments for
 # Python to pass, per product instead of two (a call costs ~0.3 µs, each array argument ~0.1 µs
 # more). The products after it with the same column (K then V and Q; FFN gate then up) find it
@@ -372,13 +360,13 @@ def round_acts(kind, x4, xf):
             xf[i3, i2, i1, i0] = to_f32(from_f32(x4[i3, i2, i1, i0], kind), kind)
 
 
-def pool_chunks(macs, rows, nth):
+def pool_chunks(macs, rows, params):
     """Chunks of a single column's product of ``rows`` weight rows on the pool: none to share
-    below POOL_MIN_MACS multiply-adds (one: the caller's thread), else POOL_CHUNKS_PER_THREAD per
-    thread of at least POOL_MIN_ROWS rows."""
-    if nth == 1 or macs < POOL_MIN_MACS:
+    below ``params.thresholds.pool_macs`` multiply-adds (one: the caller's thread), else
+    POOL_CHUNKS_PER_THREAD per thread of at least POOL_MIN_ROWS rows."""
+    if params.nth == 1 or macs < params.thresholds.pool_macs:
         return 1
-    return max(1, min(POOL_CHUNKS_PER_THREAD * nth, rows // POOL_MIN_ROWS))
+    return max(1, min(POOL_CHUNKS_PER_THREAD * params.nth, rows // POOL_MIN_ROWS))
 
 
 def tiles(ne01, ne11, nth):
@@ -389,9 +377,11 @@ def tiles(ne01, ne11, nth):
     return min(PREFILL_RT, ne01), PREFILL_CT
 
 
-def mul_mat(w, wtype, x, dst, repacked=False):
-    """dst = GGML mul_mat(w, x); see the module docstring for shapes. Returns dst."""
-    for kernel, args in mul_mat_steps(w, wtype, x, dst, numba.get_num_threads(), repacked):
+def mul_mat(w, wtype, x, dst, repacked=False, params=None):
+    """dst = GGML mul_mat(w, x); see the module docstring for shapes. Returns dst. Outside a plan
+    (benchmarks, tests), ``params`` defaults to Numba's thread count, as a Numba user sets it."""
+    params = params or ComputeParams(numba.get_num_threads())
+    for kernel, args in mul_mat_steps(w, wtype, x, dst, params, repacked):
         kernel(*args)
     return dst
 
@@ -408,9 +398,9 @@ def quant_path(wtype, ne11, repacked):
     return PATH_VEC_DOT
 
 
-def mul_mat_steps(w, wtype, x, dst, nth, repacked=False):
-    """The kernel calls ``[(kernel, args)]`` that compute ``mul_mat(w, x)`` into dst with ``nth``
-    threads: the arguments are checked and built here once, so that a plan can replay them.
+def mul_mat_steps(w, wtype, x, dst, params, repacked=False):
+    """The kernel calls ``[(kernel, args)]`` that compute ``mul_mat(w, x)`` into dst for a plan's
+    ``params`` (``params.py``: its threads, pool, thresholds and scope): the arguments are checked and built here once, so that a plan can replay them.
     ``repacked``: the weight is in a CPU_REPACK buffer (``repack.py``)."""
     wtype = as_type(wtype)
     if wtype not in SUPPORTED_TYPES:
@@ -432,9 +422,11 @@ def mul_mat_steps(w, wtype, x, dst, nth, repacked=False):
     if ne10 == 0:
         return [(dst.fill, (0,))]
 
+    nth = params.nth
     RT, CT = tiles(ne01, ne11, nth)
     macs = ne01 * ne10 * ne11 * ne12 * ne13
-    parallel = macs >= (FLOAT_PARALLEL_MIN_MACS if wtype in FLOAT_TYPES else PARALLEL_MIN_MACS) and nth > 1
+    limits = params.thresholds
+    parallel = macs >= (limits.float_macs if wtype in FLOAT_TYPES else limits.macs) and nth > 1
     nrows_x = ne11 * ne12 * ne13
 
     if wtype in FLOAT_TYPES:
@@ -460,7 +452,7 @@ def mul_mat_steps(w, wtype, x, dst, nth, repacked=False):
         if w.shape[3] != ne10 or w.strides[3] != w.itemsize:
             raise ValueError(f"mul_mat: weight rows must be {ne10} contiguous elements")
         nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth) if parallel else 1
-        steps.append(pool_step(_float_chunk, nc, KIND[wtype], ne10, w, xf.reshape(-1), dst, RT, CT, sgemm))
+        steps.append(params.step(_float_chunk, nc, KIND[wtype], ne10, w, xf.reshape(-1), dst, RT, CT, sgemm))
         return steps
 
     if w.dtype != np.uint8 or w.shape[3] != row_size(wtype, ne10) or w.strides[3] != 1:
@@ -471,30 +463,29 @@ def mul_mat_steps(w, wtype, x, dst, nth, repacked=False):
     bsz = type_size(vt)
     yq = scratch("yq", rs * nrows_x)
     xflat = x.reshape(-1) if x.flags.c_contiguous else _STRIDED   # see _quantize_rows
-    scope = current_scope()
+    scope = params.scope
     # products with the same input one after the other (Q, K and V; FFN gate and up) quantize it once
     key = (address(yq), yq.size, int(vt), address(x), x.shape, x.strides)
-    done = scope is not None and scope.get("yq", key)
+    done = scope.get("yq", key)
     path = quant_path(wtype, ne11, repacked)
     if nrows_x == 1:   # a single column (decode): on the pool, quantized by the product's own call
-        rows = (int(wtype), path, ne10, w, yq, rs, dst, pool.get_pool().state,
-                pool_chunks(macs, ne01 * ne12 * ne13, nth))
+        rows = (int(wtype), path, ne10, w, yq, rs, dst, params.pool.state,
+                pool_chunks(macs, ne01 * ne12 * ne13, params))
         if done:
             return [(_rows_chunk.run, rows[7:] + rows[:7])]
-        if scope is not None:
-            scope.put("yq", key, (x,))
+        scope.put("yq", key, (x,))
         return [(_matvec, (int(vt), x, xflat) + rows[:5] + (rs, bsz) + rows[6:])]
     # pool jobs (one chunk: on this thread), each chunk with its row of scratch
     nc = min(_n_tasks(w, dst, RT, CT), PREFILL_CHUNKS_PER_THREAD * nth) if parallel else 1
     qc = min(nrows_x, PREFILL_CHUNKS_PER_THREAD * nth) if parallel else 1
-    steps = [] if done else [pool_step(_quantize_acts_chunk, qc, int(vt), x, xflat, yq, rs, bsz,
-                                       thread_scratch("qtmp", qc, ne10, np.float32),
-                                       thread_scratch("qrow", qc, -(-nrows_x // qc) * rs, np.uint8))]
-    if steps and scope is not None:
+    steps = [] if done else [params.step(_quantize_acts_chunk, qc, int(vt), x, xflat, yq, rs, bsz,
+                                         thread_scratch("qtmp", qc, ne10, np.float32),
+                                         thread_scratch("qrow", qc, -(-nrows_x // qc) * rs, np.uint8))]
+    if steps:
         scope.put("yq", key, (x,))
-    steps.append(pool_step(_tasks_chunk, nc, int(wtype), path, ne10, w, yq, rs, bsz, dst, RT, CT,
-                           thread_scratch("acc", nc, V.acc_floats(ne10, CT), np.float32),
-                           thread_scratch("tmp", nc, 2 * CT, np.float32)))
+    steps.append(params.step(_tasks_chunk, nc, int(wtype), path, ne10, w, yq, rs, bsz, dst, RT, CT,
+                             thread_scratch("acc", nc, V.acc_floats(ne10, CT), np.float32),
+                             thread_scratch("tmp", nc, 2 * CT, np.float32)))
     return steps
 
 
@@ -510,6 +501,6 @@ def _mul_mat_supported(node):
 
 
 @forward(Op.MUL_MAT, supports=_mul_mat_supported)
-def _forward_mul_mat(node, dst, srcs):
-    return mul_mat_steps(srcs[0], node.src[0].type, srcs[1], dst, numba.get_num_threads(),
+def _forward_mul_mat(node, dst, srcs, params):
+    return mul_mat_steps(srcs[0], node.src[0].type, srcs[1], dst, params,
                          repack.is_repacked(node.src[0]))

@@ -26,7 +26,6 @@ computed by the graph, so they are checked at every run: ``table.Checked``).
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import njit
 
@@ -38,9 +37,8 @@ from . import common, matmul, pool, quant, repack, simd, tiled
 from . import dispatch as D
 from . import vec_dot as V
 from .common import FLOAT_TYPES, KIND, KIND_F32, chunk
-from .matmul import (PARALLEL_MIN_MACS, POOL_CHUNKS_PER_THREAD, PREFILL_CHUNKS_PER_THREAD, SUPPORTED_TYPES,
+from .matmul import (POOL_CHUNKS_PER_THREAD, PREFILL_CHUNKS_PER_THREAD, SUPPORTED_TYPES,
                      dot_rows_float, round_acts, scratch, thread_scratch)
-from .pool import get_pool
 from .table import Checked, forward
 from .traits import TYPE_TRAITS_CPU
 
@@ -133,21 +131,22 @@ tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, D.__file__, common.__f
           quant.__file__, repack.__file__, tiled.__file__, types.__file__, __file__)
 
 
-def mul_mat_id_steps(as4, wtype, b, ids, dst, nth, repacked=False):
-    """The plan steps that compute ``dst = mul_mat_id(as, b, ids)`` with ``nth`` threads; ``repacked``:
+def mul_mat_id_steps(as4, wtype, b, ids, dst, params, repacked=False):
+    """The plan steps that compute ``dst = mul_mat_id(as, b, ids)`` for a plan's ``params``; ``repacked``:
     the experts are in a CPU_REPACK buffer (``repack.py``)."""
     n_expert, m = as4.shape[1], as4.shape[2]
     n_tokens, n_b, k = b.shape[1], b.shape[2], b.shape[3]
     n_used = dst.shape[2]
     if dst.size == 0:
         return []
-    parallel = nth > 1 and n_tokens * n_used * m * k >= PARALLEL_MIN_MACS
+    nth = params.nth
+    parallel = nth > 1 and n_tokens * n_used * m * k >= params.thresholds.macs
     nc = 1   # on the pool (pool.py), as the other products: chunks of consecutive tasks
     if parallel:
         nc = min(n_tokens * n_used * -(-m // RT), (POOL_CHUNKS_PER_THREAD if n_tokens == 1 else PREFILL_CHUNKS_PER_THREAD) * nth)
     counts = scratch("counts_id", 8 * n_expert).view(np.int64)
     acc = thread_scratch("acc_id", nc, V.acc_floats(k, 1) + 2, np.float32)
-    par = (counts, acc, get_pool().state, nc, thread_scratch("bad", nc, 1, np.int64)[:, 0])
+    par = (counts, acc, params.pool.state, nc, thread_scratch("bad", nc, 1, np.int64)[:, 0])
     what = "mul_mat_id: expert ids"
     if wtype in FLOAT_TYPES:
         kind = KIND[wtype]
@@ -181,6 +180,6 @@ def _supported(node):
 
 
 @forward(Op.MUL_MAT_ID, supports=_supported)
-def _forward_mul_mat_id(node, dst, srcs):
-    return mul_mat_id_steps(srcs[0], node.src[0].type, srcs[1], srcs[2], dst, numba.get_num_threads(),
+def _forward_mul_mat_id(node, dst, srcs, params):
+    return mul_mat_id_steps(srcs[0], node.src[0].type, srcs[1], srcs[2], dst, params,
                             repack.is_repacked(node.src[0]))

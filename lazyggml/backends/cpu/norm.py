@@ -21,7 +21,7 @@ from ...ops import Op, norm_eps
 from ...types import Type
 from . import common, pool, simd
 from .table import forward
-from .common import chunk, launch, parallel_kernel, unravel_row
+from .common import chunk, parallel_kernel, unravel_row
 
 _NORM, _RMS_NORM = 0, 1
 
@@ -53,9 +53,9 @@ def _supports(node):
 
 
 @forward(Op.NORM, Op.RMS_NORM, supports=_supports)
-def norm_forward(node, dst, srcs):
+def norm_forward(node, dst, srcs, params):
     mode = _NORM if node.op == Op.NORM else _RMS_NORM
-    return [launch(norm, dst.size, mode, srcs[0], dst, float(norm_eps(node)))]
+    return [params.launch(norm, dst.size, mode, srcs[0], dst, float(norm_eps(node)))]
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)

@@ -81,15 +81,15 @@ def _f32_src(node):
 
 
 @forward(Op.SUM, Op.SUM_ROWS, Op.MEAN, supports=_f32_src)
-def reduce_forward(node, dst, srcs):
+def reduce_forward(node, dst, srcs, params):
     return [(reduce_rows, ({Op.SUM: _SUM, Op.SUM_ROWS: _SUM_ROWS, Op.MEAN: _MEAN}[node.op], srcs[0], dst))]
 
 
 @forward(Op.ARGMAX, supports=_f32_src)
-def argmax_forward(node, dst, srcs):
+def argmax_forward(node, dst, srcs, params):
     return [(argmax, (srcs[0], dst))]
 
 
 @forward(Op.ARGSORT, supports=_f32_src)
-def argsort_forward(node, dst, srcs):
+def argsort_forward(node, dst, srcs, params):
     return [(argsort, (srcs[0], sort_order(node) == SortOrder.DESC, dst))]

@@ -37,8 +37,9 @@ from ...ops import (ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, Op, rope_params, rope_thet
                     rope_yarn_corr_dims)
 from ...types import Type
 from . import common, pool, simd
-from .table import address, current_scope, forward
-from .common import chunk, launch, parallel_kernel, unravel_row
+from .params import address
+from .table import forward
+from .common import chunk, parallel_kernel, unravel_row
 from .simd import fma as fmaf  # fused where the target has FMA, as GCC contracts GGML's C
 
 _kernel = njit(cache=True, error_model="numpy")
@@ -116,23 +117,21 @@ def rope_constants(p):
 
 
 @forward(Op.ROPE, supports=_supports)
-def rope_forward(node, dst, srcs):
+def rope_forward(node, dst, srcs, params):
     p = rope_params(node)
     pos, has_ff = srcs[1].reshape(-1), srcs[2] is not None
     ff = srcs[2].reshape(-1) if has_ff else _NO_FF
     consts = rope_constants(p)
     # the ropes of a plan with the same positions, factors and parameters (Q and K, in every
     # layer) share one cos/sin cache, made by the first (GGML remakes it in each)
-    scope = current_scope()
     key = ("rope", address(pos), pos.shape, address(ff), has_ff, p.n_dims, consts)
-    cache = None if scope is None else scope.get(key, key)
+    cache = params.scope.get(key, key)
     steps = []
     if cache is None:
         cache = np.empty((pos.shape[0], p.n_dims // 2, 2), np.float32)   # the plan's own scratch
         steps.append((rope_cache, (pos, ff, has_ff, p.n_dims, consts, cache)))
-        if scope is not None:
-            scope.put(key, key, (pos, ff), cache)
-    return steps + [launch(rope, dst.size, srcs[0], cache, p.n_dims, p.mode == ROPE_TYPE_NEOX, dst)]
+        params.scope.put(key, key, (pos, ff), cache)
+    return steps + [params.launch(rope, dst.size, srcs[0], cache, p.n_dims, p.mode == ROPE_TYPE_NEOX, dst)]
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)

@@ -112,7 +112,7 @@ def _set_rows_q(qtype, b, idx, n_rows, dst):
 
 
 @forward(Op.GET_ROWS, supports=_get_rows_supported)
-def get_rows_forward(node, dst, srcs):
+def get_rows_forward(node, dst, srcs, params):
     a = node.src[0]
     if is_quantized(a.type):
         return [(Checked("get_rows", get_rows_q, (int(a.type), srcs[0], srcs[1], dst), a.ne[1]), ())]
@@ -132,7 +132,7 @@ def _set_rows_supported(node):
 
 
 @forward(Op.SET_ROWS, supports=_set_rows_supported)
-def set_rows_forward(node, dst, srcs):
+def set_rows_forward(node, dst, srcs, params):
     if is_quantized(node.type):
         return [(_set_rows_q, (node.type, srcs[0], srcs[1], node.ne[1], dst))]
     return [(Checked("set_rows", set_rows, (as_bits(srcs[0]), srcs[1], as_bits(dst), KIND[node.type]), node.ne[1]),

@@ -75,7 +75,7 @@ def _concat_supported(node):
 
 
 @forward(Op.CONCAT, supports=_concat_supported)
-def concat_forward(node, dst, srcs):
+def concat_forward(node, dst, srcs, params):
     # GGML's dim d is axis 3 - d of the NumPy view
     return [(concat, (as_bits(srcs[0]), as_bits(srcs[1]), 3 - concat_dim(node), as_bits(dst)))]
 
@@ -85,13 +85,13 @@ def _plain_supported(node):
 
 
 @forward(Op.PAD, supports=_plain_supported)
-def pad_forward(node, dst, srcs):
+def pad_forward(node, dst, srcs, params):
     p = pad_params(node)
     return [(pad, (as_bits(srcs[0]), p.lp3, p.lp2, p.lp1, p.lp0, as_bits(dst)))]
 
 
 @forward(Op.REPEAT, supports=_plain_supported)
-def repeat_forward(node, dst, srcs):
+def repeat_forward(node, dst, srcs, params):
     return [(repeat, (as_bits(srcs[0]), as_bits(dst)))]
 
 

@@ -31,7 +31,7 @@ from ...ops import Op, diag_mask_n_past, powf, soft_max_alibi, soft_max_params
 from ...types import Type
 from . import common, elementwise, pool, quant, simd
 from .table import forward
-from .common import KIND, as_bits, chunk, launch, parallel_kernel, to_f32, unravel_row
+from .common import KIND, as_bits, chunk, parallel_kernel, to_f32, unravel_row
 from .elementwise import fmaf, v_expf
 
 _kernel = njit(cache=True, error_model="numpy")
@@ -103,14 +103,14 @@ def _soft_max_supported(node):
 
 
 @forward(Op.SOFT_MAX, supports=_soft_max_supported)
-def soft_max_forward(node, dst, srcs):
+def soft_max_forward(node, dst, srcs, params):
     scale, max_bias = soft_max_params(node)
     mask_t = node.src[1]
     if mask_t is None:
         mask, mkind = _NO_MASK, KIND[Type.F32]
     else:
         mask, mkind = as_bits(srcs[1]), KIND[mask_t.type]
-    return [launch(soft_max, dst.size, srcs[0], mask, mkind, mask_t is not None,
+    return [params.launch(soft_max, dst.size, srcs[0], mask, mkind, mask_t is not None,
                    alibi_slopes(node.ne[2], max_bias), float(scale), dst)]
 
 
@@ -119,7 +119,7 @@ def _diag_mask_supported(node):
 
 
 @forward(Op.DIAG_MASK_INF, supports=_diag_mask_supported)
-def diag_mask_inf_forward(node, dst, srcs):
+def diag_mask_inf_forward(node, dst, srcs, params):
     return [(diag_mask, (srcs[0], diag_mask_n_past(node), _NEG_INF, dst))]
 
 

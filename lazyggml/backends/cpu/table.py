@@ -1,8 +1,9 @@
 """The CPU backend's kernel table: every module of this package that defines kernels registers them
 here with ``@forward(Op.X, supports=...)`` (``KernelTable.load`` imports them all).
 
-The forward function ``fn(node, dst, srcs)`` gets NumPy views of the result and of the sources
-(``None`` where a source slot is empty, see ``backend.host_layout``) and returns the calls that
+The forward function ``fn(node, dst, srcs, params)`` gets NumPy views of the result and of the
+sources (``None`` where a source slot is empty, see ``backend.host_layout``) and the plan's
+``ComputeParams`` (``params.py``: threads, pool, thresholds, scope), and returns the calls that
 compute the node, a list of ``(kernel, args)``; ``supports(node)`` says which types and layouts it
 handles (the CPU device's ``supports_op`` asks it). This is GGML's ``ggml_compute_forward``
 switch, as a table.
@@ -13,83 +14,16 @@ the plan, one call per kernel. So a forward must not read the *contents* of its 
 change between replays): work that depends on them is a step of its own, a jitted kernel or a
 plain Python function.
 
-While a plan is made, its forwards share a ``PlanScope`` (``current_scope()``; None when a kernel
-is called outside a plan): a forward can leave a step out when an earlier step of the same plan
-already left its result in place, e.g. the matmuls of Q, K and V quantize their one input once.
+The forwards of one plan share its ``params.scope``: a forward can leave a step out when an
+earlier step of the same plan already left its result in place, e.g. the matmuls of Q, K and V
+quantize their one input once.
 """
-import contextlib
-
 from numba._dispatcher import compute_fingerprint
 
 from .. import KernelTable
 
 FORWARD = KernelTable("CPU", __package__)
 forward = FORWARD.forward
-
-
-class PlanScope:
-    """What the forwards of one plan know of the steps before theirs, in node order: ``slot`` (a
-    scratch buffer, say) holds ``value``, the result of a step identified by ``key``, computed from
-    the memory of the arrays ``srcs``. The backend calls ``written(dst)`` before each node's
-    forward: a node that writes any of that memory clears the slot (an in-place op, say), so a
-    forward that finds its key in the slot can leave its step out and use the value, and gets the
-    same numbers."""
-
-    def __init__(self):
-        self._slots = {}   # slot -> (key, value, [(first byte, end byte) of each src])
-
-    def get(self, slot, key):
-        """The value ``slot`` holds for ``key``, or None."""
-        entry = self._slots.get(slot)
-        return entry[1] if entry is not None and entry[0] == key else None
-
-    def put(self, slot, key, srcs, value=True):
-        """``slot`` now holds ``value``, the result ``key`` computed from the arrays ``srcs``."""
-        self._slots[slot] = (key, value, [_span(a) for a in srcs])
-
-    def forget(self, slot):
-        """``slot`` was overwritten by a step whose result no key names."""
-        self._slots.pop(slot, None)
-
-    def written(self, dst):
-        lo, hi = _span(dst)
-        for slot, (_, _, spans) in list(self._slots.items()):
-            if any(a < hi and lo < b for a, b in spans):
-                del self._slots[slot]
-
-
-_scope = None
-
-
-@contextlib.contextmanager
-def planning():
-    """Make a plan: ``current_scope()`` is a new ``PlanScope`` until the block ends."""
-    global _scope
-    outer, _scope = _scope, PlanScope()
-    try:
-        yield _scope
-    finally:
-        _scope = outer
-
-
-def current_scope():
-    """The ``PlanScope`` of the plan being made, or None."""
-    return _scope
-
-
-def address(a):
-    """The address of an array's first element (what plan keys name an array by)."""
-    return a.__array_interface__["data"][0]
-
-
-def _span(a):
-    """[first byte, end byte) of the memory an array's elements occupy."""
-    lo = hi = address(a)
-    for n, st in zip(a.shape, a.strides):
-        if n == 0:
-            return lo, lo
-        lo, hi = lo + min(0, (n - 1) * st), hi + max(0, (n - 1) * st)
-    return lo, hi + a.itemsize
 
 
 def compiled(kernel, args):
