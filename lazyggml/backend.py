@@ -12,6 +12,7 @@ does when an interface pointer is NULL.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 
@@ -144,6 +145,11 @@ class Backend:
     def get_default_buffer_type(self):
         """The buffer type for tensors this backend computes: its device's."""
         return self.device.get_buffer_type()
+
+    def warmup_variants(self):
+        """lazyggml's own: the settings ``lazyggml warmup`` runs each case under, as context
+        managers, so that every kernel variant a real run may take compiles: the backend as it is."""
+        return [contextlib.nullcontext()]
 
     def graph_compute(self, g):
         """Compute the nodes of graph ``g`` in order and return a ``Status``; the work may still be running on

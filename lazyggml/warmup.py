@@ -30,26 +30,30 @@ tensor type (a case of float32 only is always selected).
 
 Counting hits and misses
 ------------------------
-While the cases run, ``Dispatcher.compile`` (Numba's, and numba-cuda's for CUDA kernels) is
-wrapped: each call that loads a signature from the cache counts a **hit**, each that compiles one
-counts a **miss** (Numba's own ``cache_hits`` / ``cache_misses`` counters decide which), with the
-time spent in it, minus the time of kernels compiled inside it (a kernel that calls another
-compiles the callee first). A second warm-up finds every entry point in the cache, so it reports
-only hits; callees are inside their callers' machine code and are not loaded at all.
+While the cases run, a ``Recorder`` listens to ``compiling.py``'s stream of compile events, which
+every backend's compiler reports to: a Numba or numba-cuda kernel signature loaded from the cache
+counts a **hit**, one compiled a **miss**, with the time spent in it, minus the time of kernels
+compiled inside it (a kernel that calls another compiles the callee first). A second warm-up finds
+every entry point in the cache, so it reports only hits; callees are inside their callers' machine
+code and are not loaded at all.
 
 OpenCL kernels are compiled by the driver: once per program and, with PoCL, again per kernel and
 work-group size at the first launch. The program counts a hit when its binary was in lazyggml's
-cache (``backends/opencl/backend.py``), a miss when it was built from source. Each kernel's first
-launch per work-group size (per global size where the driver picks the work-group size) is timed,
-its arguments passed on unchanged, and counted as a miss when the driver's cache
-(``POCL_CACHE_DIR``) gained a file, or, for other drivers, when it took longer than ``OPENCL_MISS_S``.
+cache (``backends/opencl/backend.py``), a miss when it was built from source. While the recorder
+listens with ``launches=True``, the OpenCL backend times each kernel's first launch per work-group
+size (per global size where the driver picks the work-group size) and reports it, a miss when the
+driver's cache (``POCL_CACHE_DIR``) gained a file, or, for other drivers, when it took longer than
+``FIRST_LAUNCH_MISS_S``.
+
+Each case runs under each of the backend's warm-up variants (``Backend.warmup_variants``): the CPU
+runs it a second time with its row kernels on the pool, so that their parallel twins compile too.
 
 ``--check``
 -----------
-Compiles nothing and writes nothing: it reports what a warm-up would compile. Numba's compiler is
-swapped for a function that raises, so a signature missing from the cache counts as a miss and
-stops its case there (signatures found in the cache are loaded and run, as in a real run). Every
-miss reported is real, but a case stopped early may hide more.
+Compiles nothing and writes nothing: it reports what a warm-up would compile. Inside
+``compiling.refusing()`` a signature missing from the cache raises ``WouldCompile``, counts as a
+miss and stops its case there (signatures found in the cache are loaded and run, as in a real run).
+Every miss reported is real, but a case stopped early may hide more.
 
 An OpenCL driver cannot be stopped from compiling once asked to build or launch, so ``--check``
 runs no OpenCL case: for each OpenCL device it reports the program alone, a hit when its binary is
@@ -76,20 +80,18 @@ import tempfile
 import time
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 from numba.core.errors import NumbaPerformanceWarning
 
-from . import cache, op_cases
-from .backend import DeviceType
+from . import cache, compiling, op_cases
+from .compiling import CompileEvent
 from .backends.cpu import convert as cpu_convert
 from .registry import dev_count, dev_get
 from .types import as_type, type_name
 
-OPENCL_MISS_S = 0.1   # without a driver cache to look at: a first launch this slow compiled
-_OPENCL_LAUNCHED = set()   # (device, kernel, work-group or global size) launched in this process
 
 WEIGHT_TYPES = op_cases.WEIGHT_TYPES   # the types mul_mat, get_rows, set_rows and cpy take
 ALL_TYPES = cpu_convert.SUPPORTED_TYPES   # every type the CPU quantizes, F32 first
@@ -110,19 +112,12 @@ class Case:
 
 # -- the op-case catalogue ---------------------------------------------------------------------------
 def _run_op_case(case, backend):
-    """Run an op case (checked against its oracle); on the CPU again, through the parallel kernels."""
-    if op_cases.run_case(case, backend, seed=0) == "unsupported":
-        return False
-    if backend.device.type == DeviceType.CPU:
-        # small work runs the serial twins of common.parallel_kernel: compile the parallel kernels
-        # too, in a new graph (a new plan) where every row kernel takes them (the products' own
-        # thresholds are passed by the cases large enough for them)
-        thresholds = backend.thresholds
-        backend.thresholds = replace(thresholds, elements=0)
-        try:
-            op_cases.run_case(case, backend, seed=0)
-        finally:
-            backend.thresholds = thresholds
+    """Run an op case (checked against its oracle) under each of the backend's warm-up variants
+    (``Backend.warmup_variants``: on the CPU again with the row kernels on the pool)."""
+    for variant in backend.warmup_variants():
+        with variant:   # a new graph, hence a new plan, in each
+            if op_cases.run_case(case, backend, seed=0) == "unsupported":
+                return False
     return True
 
 
@@ -173,137 +168,17 @@ CASES.append(Case("llama model: prompt and decode", "model", _run_model, ()))
 # Recording what compiles
 # =================================================================================================
 
-class WouldCompile(Exception):
-    """Raised in ``--check`` mode where a kernel would have to be compiled."""
-
-
-@dataclass
-class Kernel:
-    backend: str
-    name: str
-    signature: str
-    status: str                 # "hit" or "miss"
-    seconds: float
-
-
-@dataclass
 class Recorder:
-    """Wraps the compile entry points while cases run and collects a ``Kernel`` per cache event."""
-    check: bool = False
-    kernels: list = field(default_factory=list)
-    _stack: list = field(default_factory=list)
+    """Listens to ``compiling.py``'s stream while cases run: every ``CompileEvent``, in order."""
 
-    def _wrap(self, cls, backend):
-        orig = cls.compile
-        rec = self
+    def __init__(self):
+        self.kernels = []
 
-        def compile(disp, sig):
-            from numba.core import sigutils
-            args = tuple(sigutils.normalize_signature(sig)[0])
-            if args in disp.overloads or not disp.py_func.__module__.startswith("lazyggml"):
-                return orig(disp, sig)  # in memory already, or Numba's own helper inside a kernel
-            hits, misses = sum(disp._cache_hits.values()), sum(disp._cache_misses.values())
-            rec._stack.append(0.0)
-            t0 = time.perf_counter()
-            try:
-                with _no_compile(disp) if rec.check and backend == "cuda" else contextlib.nullcontext():
-                    return orig(disp, sig)
-            finally:
-                dt = time.perf_counter() - t0
-                inner = rec._stack.pop()
-                if rec._stack:
-                    rec._stack[-1] += dt
-                status = ("hit" if sum(disp._cache_hits.values()) > hits else
-                          "miss" if sum(disp._cache_misses.values()) > misses else None)
-                if status:
-                    f = disp.py_func
-                    rec.kernels.append(Kernel(backend, f"{f.__module__}.{f.__qualname__}",
-                                              "(" + ", ".join(map(str, args)) + ")", status, dt - inner))
-        return orig, compile
+    def compile_started(self, name):
+        pass
 
-    def _wrap_opencl(self):
-        """Patches timing each OpenCL device's program build (its first ``kernels()`` call) and each
-        kernel's first launch per device and work-group size (or global size, when the driver picks
-        the work-group size: ``lsize`` None)."""
-        from .backends.opencl import OpenCLBackend, OpenCLDevice
-        rec, seen = self, _OPENCL_LAUNCHED
-        orig_kernels, orig_launch = OpenCLDevice.kernels, OpenCLBackend.launch
-
-        def kernels(device):
-            if device._kernels is not None:
-                return orig_kernels(device)
-            cached, t0 = device.program_cached(), time.perf_counter()
-            result = orig_kernels(device)
-            rec.kernels.append(Kernel(device.name, "program", "", "hit" if cached else "miss",
-                                      time.perf_counter() - t0))
-            return result
-
-        def launch(backend, name, gsize, lsize, *args):
-            # lsize None (mul_mat's naive kernels) leaves the work-group size to the driver, which
-            # picks it by the global size
-            size = f"local size {tuple(lsize)}" if lsize is not None else f"global size {tuple(gsize)}"
-            key = (backend.device.name, name, size)
-            if key in seen:
-                return orig_launch(backend, name, gsize, lsize, *args)
-            seen.add(key)
-            backend.queue.finish()
-            n0, t0 = _pocl_files() if backend.device.pocl else 0, time.perf_counter()
-            result = orig_launch(backend, name, gsize, lsize, *args)
-            backend.queue.finish()
-            dt = time.perf_counter() - t0
-            miss = _pocl_files() > n0 if backend.device.pocl else dt > OPENCL_MISS_S
-            rec.kernels.append(Kernel(backend.device.name, name, f"({size})",
-                                      "miss" if miss else "hit", dt))
-            return result
-        return [(OpenCLDevice, "kernels", orig_kernels, kernels), (OpenCLBackend, "launch", orig_launch, launch)]
-
-    @contextlib.contextmanager
-    def active(self, cuda=False, opencl=False):
-        from numba.core import dispatcher
-        patches = [(dispatcher.Dispatcher, "compile", *self._wrap(dispatcher.Dispatcher, "cpu"))]
-        if cuda and not _cuda_simulated():        # the simulator interprets: nothing to compile
-            from numba.cuda.dispatcher import CUDADispatcher
-            patches.append((CUDADispatcher, "compile", *self._wrap(CUDADispatcher, "cuda")))
-        if opencl:
-            patches += self._wrap_opencl()
-        if self.check:
-            patches.append((dispatcher._FunctionCompiler, "compile", dispatcher._FunctionCompiler.compile, _refuse))
-        for cls, attr, _, new in patches:
-            setattr(cls, attr, new)
-        try:
-            yield self
-        finally:
-            for cls, attr, orig, _ in patches:
-                setattr(cls, attr, orig)
-
-
-def _cuda_simulated():
-    from .backends.cuda import simulated
-    return simulated()
-
-
-def _refuse(compiler, args, return_type):
-    raise WouldCompile(f"{compiler.py_func.__module__}.{compiler.py_func.__qualname__}")
-
-
-@contextlib.contextmanager
-def _no_compile(disp):
-    """numba-cuda checks ``_can_compile`` after its cache lookup: a miss raises, a hit loads."""
-    disp._can_compile = False
-    try:
-        yield
-    except RuntimeError as e:
-        raise WouldCompile(str(e)) from e
-    finally:
-        disp._can_compile = True
-
-
-def _pocl_files():
-    """The number of compiled programs and kernels in PoCL's cache (not its temporary files)."""
-    root = os.environ.get("POCL_CACHE_DIR")
-    if not root:
-        return 0
-    return sum(not f.startswith("tempfile") and f != "last_accessed" for _, _, files in os.walk(root) for f in files)
+    def compile_event(self, event):
+        self.kernels.append(event)
 
 
 @contextlib.contextmanager
@@ -365,13 +240,15 @@ def run_cases(device_names, case_names, check=False):
     """Run the named cases on the named devices in this process; a list of ``Outcome``."""
     devices = [d for d in select_devices() if d.name in device_names]
     kinds = {_kind(d.name) for d in devices}
-    recorder = Recorder(check)
+    recorder = Recorder()
     by_name = {c.name: c for c in CASES}
     outcomes = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore", NumbaPerformanceWarning)   # tiny grids, strided views: on purpose
-        stack.enter_context(recorder.active(cuda="cuda" in kinds, opencl="opencl" in kinds))
+        stack.enter_context(compiling.listen(recorder, launches="opencl" in kinds))
+        if check:
+            stack.enter_context(compiling.refusing())
         backends = [d.init_backend() for d in devices]
         setup = {}                          # what compiled while the backends started (OpenCL programs)
         for k in recorder.kernels:
@@ -383,7 +260,7 @@ def run_cases(device_names, case_names, check=False):
                 out = Outcome(name, b.name)
                 try:
                     out.ran = bool(by_name[name].run(b))
-                except WouldCompile:
+                except compiling.WouldCompile:
                     pass
                 except Exception as e:  # a broken case must not hide the others
                     out.error = f"{type(e).__name__}: {e}"
@@ -431,7 +308,7 @@ def _warmup(kinds, types, patterns, jobs, check, out):
               file=out)
     programs = []   # --check: each OpenCL device's program, looked up in the cache; no OpenCL case runs
     if check:
-        programs = [Kernel(d.name, "program", "", "hit" if d.program_cached() else "miss", 0.0)
+        programs = [CompileEvent(d.name, "program", "", "hit" if d.program_cached() else "miss", 0.0)
                     for d in devices if _kind(d.name) == "opencl"]
         devices = [d for d in devices if _kind(d.name) != "opencl"]
     names = [d.name for d in devices]
@@ -444,7 +321,7 @@ def _warmup(kinds, types, patterns, jobs, check, out):
 
     def write(k):
         verb = {"hit": "hit ", "miss": "would compile" if check else "miss"}[k.status]
-        bar.write(f"  {verb}  {k.seconds:7.3f} s  {k.backend:8s} {k.name}{k.signature}", file=out)
+        bar.write(f"  {verb}  {k.seconds:7.3f} s  {k.backend:8s} {k.kernel}{k.signature}", file=out)
 
     def report(batch):
         for o in batch:

@@ -175,16 +175,16 @@ def test_check_writes_nothing(tmp_path):
 
 # -- each case as the tests run it -----------------------------------------------------------------------
 def test_opencl_launch_left_to_the_driver_runs_as_in_the_tests(monkeypatch):
-    """The recorder only watches a case's OpenCL launches: mul_mat's naive kernels, launched with the
+    """The OpenCL backend only times a case's first launches for the warm-up's recorder: mul_mat's naive kernels, launched with the
     work-group size left to the driver (``lsize`` None), failed inside warm-up with a TypeError while
     ``op_cases.run_case`` passed (issue 41); their first launch is reported per global size."""
     if lazyggml.dev_by_name("OpenCL0") is None:
         pytest.skip("no OpenCL device")
-    monkeypatch.setattr(warmup, "_OPENCL_LAUNCHED", set())   # every first launch of this process, reported
+    monkeypatch.setattr(lazyggml.dev_by_name("OpenCL0"), "launched", set())   # every first launch, reported
     names = [c.name for c in warmup.select_cases(None, ["mul_mat(f16, k=*, 70 columns*"])]
     outcomes = warmup.run_cases(["OpenCL0"], names)
     assert len(names) == 2 and [(o.case, o.ran, o.error) for o in outcomes] == [(n, True, "") for n in names]
-    assert any(k.name == "kernel_mul_mat_f16_f32_naive" and k.signature == "(global size (20, 70, 4))"
+    assert any(k.kernel == "kernel_mul_mat_f16_f32_naive" and k.signature == "(global size (20, 70, 4))"
                for k in outcomes[0].kernels), outcomes[0].kernels
 
 

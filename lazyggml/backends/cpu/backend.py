@@ -28,10 +28,14 @@ compiling one seconds (a decode benchmark run at 33 tok/s instead of 1,400).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from dataclasses import replace
 
 import numba
+from numba.core.dispatcher import Dispatcher
 
+from ... import compiling
 from ...backend import Backend, Device, DeviceType, Registry, host_view
 from ...buffer import BufferType, HostBuffer, Status
 from ...ops import EMPTY_OPS
@@ -42,6 +46,7 @@ from .repack import RepackBufferType
 from .threads import ThreadGovernor
 
 FORWARD.load()   # the kernels register themselves; the CPU backend is always there
+compiling.watch_dispatcher(Dispatcher, "cpu")   # its kernels' compiles and cache loads, in one stream
 
 
 class CPUDevice(Device):
@@ -101,6 +106,20 @@ class CPUBackend(Backend):
         self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS
         self.thresholds = thresholds
         self.governor = ThreadGovernor()
+
+    def warmup_variants(self):
+        """As it is, then with every row kernel on the pool (``Thresholds.elements`` at 0): small
+        work takes the serial twin of a ``common.parallel_kernel``, the warm-up's cases too; the
+        products' thresholds are passed by the cases large enough for them."""
+        return [contextlib.nullcontext(), self._thresholds(replace(self.thresholds, elements=0))]
+
+    @contextlib.contextmanager
+    def _thresholds(self, thresholds):
+        saved, self.thresholds = self.thresholds, thresholds
+        try:
+            yield
+        finally:
+            self.thresholds = saved
 
     def graph_compute(self, g):
         n = self.governor.threads(self.n_threads)

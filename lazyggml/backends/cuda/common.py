@@ -47,7 +47,6 @@ import hashlib
 import importlib
 import math
 import os
-import time
 import types as types_
 
 import numba
@@ -74,24 +73,10 @@ if not SIM and "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
 
 
 
-def _counting_compiles(compile_):
-    """numba-cuda's ``CUDADispatcher.compile``, reporting each real compile (a cache miss, known
-    afterwards from its counter) to ``compiling``: a first run's CUDA kernels are announced and left
-    out of the speeds as the CPU's are (numba-cuda fires no compile event for them)."""
-    @functools.wraps(compile_)
-    def compile(disp, sig):
-        misses, t0 = sum(disp._cache_misses.values()), time.perf_counter()
-        try:
-            return compile_(disp, sig)
-        finally:
-            if sum(disp._cache_misses.values()) > misses:
-                compiling.record(disp.py_func.__qualname__, time.perf_counter() - t0)
-    return compile
-
-
-if not SIM:
+if not SIM:   # numba-cuda's compiles and cache loads, in compiling.py's stream: a first run's CUDA
+    # kernels are announced and left out of the speeds as the CPU's are, and warm-up lists them
     from numba.cuda.dispatcher import CUDADispatcher
-    CUDADispatcher.compile = _counting_compiles(CUDADispatcher.compile)
+    compiling.watch_dispatcher(CUDADispatcher, "cuda")
 
 QK8_1 = 32              # values per q8_1 block
 Q8_1_INTS = 9           # sizeof(block_q8_1) / 4: ds (half2) + 8 ints of quants

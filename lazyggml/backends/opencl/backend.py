@@ -34,7 +34,8 @@ corrupt, or that the driver refuses, is rebuilt. PoCL also compiles each kernel 
 size at its first launch, into its own cache (``POCL_CACHE_DIR``, set here to ``<cache>/pocl``
 unless already set, before PoCL loads; PoCL cannot build at all without a folder it can write,
 so a read-only ``<cache>`` gives it a temporary one). The compiler's warnings are shown only with
-``LAZYGGML_DEBUG=1``. ``supports_op`` claims exactly the (op, types, layout) combinations of the
+``LAZYGGML_DEBUG=1``. The program's load or build, and (while ``lazyggml warmup`` listens) each
+kernel's first launch, are events of ``compiling.py``'s stream. ``supports_op`` claims exactly the (op, types, layout) combinations of the
 glue in ``ops.py``; the scheduler sends the rest to the CPU.
 """
 from __future__ import annotations
@@ -45,6 +46,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import time
 import warnings
 
 import numpy as np
@@ -52,7 +54,7 @@ import numpy as np
 from ... import cache, debug
 from ...backend import Backend, Device, DeviceType, Registry
 from ...buffer import Buffer, BufferType, Status
-from ...compiling import compiling
+from ... import compiling
 from ...errors import OutOfMemoryError
 from ...ops import EMPTY_OPS
 from .program import TENSOR_T, build_options, lanes_for, program_source
@@ -144,6 +146,7 @@ class OpenCLDevice(Device):
         self.pocl = cl_device.platform.name == "Portable Computing Language"
         self._buft = OpenCLBufferType(self)
         self._context = self._queue = self._kernels = None
+        self.launched = set()   # (kernel, size) launched once in this process (``OpenCLBackend._first_launch``)
 
     # the context, the queue and the program are made on first use
     @property
@@ -178,19 +181,23 @@ class OpenCLDevice(Device):
         return cache.read_entry(self.program_path()) is not None
 
     def _program(self):
-        """The program, linked: from its cached binary, or else built from source and its binary saved."""
+        """The program, linked: from its cached binary, or else built from source and its binary saved;
+        either is a compile event (``compiling.py``: a hit, or a miss)."""
         path = self.program_path()
         binary = cache.read_entry(path)
         if binary is not None:
             try:
+                t0 = time.perf_counter()
                 prg = cl.Program(self.context, [self.cl_device], [binary])
-                return cl.link_program(self.context, [prg]) if self.pocl else prg.build()
+                prg = cl.link_program(self.context, [prg]) if self.pocl else prg.build()
+                compiling.loaded("program", time.perf_counter() - t0, backend=self.name)
+                return prg
             except cl.Error:    # refused by this driver after all: build from source, below
                 pass
         prg = cl.Program(self.context, program_source())
         # -w: no warnings (left out of the file's name: it changes no code)
         options = build_options() + ([] if debug.level("LAZYGGML_DEBUG") else ["-w"])
-        with compiling(f"{self.name} program"), warnings.catch_warnings():
+        with compiling.compiling("program", backend=self.name), warnings.catch_warnings():
             # pyopencl's: "see the build log" (shown below with LAZYGGML_DEBUG=1), and, for compile(),
             # that its binary cache is bypassed (as meant: lazyggml's is used)
             warnings.simplefilter("ignore", cl.CompilerWarning)
@@ -284,12 +291,44 @@ class OpenCLBackend(Backend):
         return Status.SUCCESS
 
     def launch(self, name, gsize, lsize, *args):
+        if compiling.watching_launches():
+            return self._first_launch(name, gsize, lsize, args)
         self.kernels[name](self.queue, gsize, lsize, *args)
+
+    def _first_launch(self, name, gsize, lsize, args):
+        """A launch while a listener of ``compiling`` wants first launches (``lazyggml warmup``):
+        the driver compiles a kernel at its first launch per work-group size (per global size where
+        ``lsize`` is None and the driver picks it), so each first one of this process is waited for
+        and reported, a miss when PoCL's cache gained a file or, for other drivers, when it took
+        longer than FIRST_LAUNCH_MISS_S."""
+        size = f"local size {tuple(lsize)}" if lsize is not None else f"global size {tuple(gsize)}"
+        key = (name, size)
+        if key in self.device.launched:
+            return self.kernels[name](self.queue, gsize, lsize, *args)
+        self.device.launched.add(key)
+        self.queue.finish()
+        n0, t0 = _pocl_files() if self.device.pocl else 0, time.perf_counter()
+        self.kernels[name](self.queue, gsize, lsize, *args)
+        self.queue.finish()
+        dt = time.perf_counter() - t0
+        miss = _pocl_files() > n0 if self.device.pocl else dt > FIRST_LAUNCH_MISS_S
+        compiling.report(compiling.CompileEvent(self.name, name, f"({size})", "miss" if miss else "hit", dt))
 
     def launch_rows(self, name, rows, *args, lanes=None):
         """One work-group per row (i1, i2, i3) of ``rows``; its lanes stride along ne[0]."""
         lanes = lanes or lanes_for(rows.ne[0])
         self.launch(name, (lanes * rows.ne[1], rows.ne[2], rows.ne[3]), (lanes, 1, 1), *args)
+
+
+FIRST_LAUNCH_MISS_S = 0.1   # without a driver cache to look at: a first launch this slow compiled
+
+
+def _pocl_files():
+    """The number of compiled programs and kernels in PoCL's cache (not its temporary files)."""
+    root = os.environ.get("POCL_CACHE_DIR")
+    if not root:
+        return 0
+    return sum(not f.startswith("tempfile") and f != "last_accessed" for _, _, files in os.walk(root) for f in files)
 
 
 def targ(t, extra_offset=0):
