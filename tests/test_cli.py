@@ -119,31 +119,6 @@ def test_interrupt_and_runtime_errors_are_one_line(monkeypatch, capsys, exc, cod
     assert capsys.readouterr().err == text + "\n"
 
 
-def test_compile_watch_counts_real_numba_compiles_once_each_callee_included():
-    """CompileWatch sees Numba's own compile events: a kernel compiling its callee inside it is
-    one compilation; a second call (in memory now) is none."""
-    import numba
-    from lazyggml.compiling import CompileWatch
-
-    @numba.njit
-    def callee(x):
-        return x * 3 + 1
-
-    @numba.njit
-    def kernel(x):
-        return callee(x) - 2
-
-    started = []
-    with CompileWatch(on_start=started.append) as watch:
-        assert kernel(4) == 11
-        assert kernel(5) == 14
-    assert watch.count == 1 and started == ["test_compile_watch_counts_real_numba_compiles_once_each_callee_included"
-                                            ".<locals>.kernel"]
-    assert watch.seconds > 0
-    assert kernel(2.5) == 6.5            # compiled after the watch ended: not counted
-    assert watch.count == 1
-
-
 def test_a_first_run_says_kernels_compile_and_leaves_compile_time_out_of_the_speeds(monkeypatch, capsys):
     """What a user sees on a first run: one line saying kernels compile (once, where they are kept,
     that warmup does it ahead), before any output; the prefill and decode speeds exclude the compile

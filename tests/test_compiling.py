@@ -21,7 +21,7 @@ class Events:
         self.events.append(event)
 
 
-def test_a_kernel_and_its_callee_are_misses_with_their_own_seconds():
+def test_a_kernel_and_its_callee_are_misses_with_their_own_seconds_and_one_compilation_watched():
     @numba.njit
     def callee(x):
         return x * 3 + 1
@@ -30,7 +30,8 @@ def test_a_kernel_and_its_callee_are_misses_with_their_own_seconds():
     def kernel(x):
         return callee(x) - 2
 
-    with compiling.listen(Events()) as heard:
+    started = []
+    with compiling.listen(Events()) as heard, compiling.CompileWatch(on_start=started.append) as watch:
         assert kernel(4) == 11
         assert kernel(5) == 14          # in memory now: no event
     inner, outer = heard.events
@@ -39,8 +40,11 @@ def test_a_kernel_and_its_callee_are_misses_with_their_own_seconds():
     assert outer.signature == "(int64)" and outer.backend == "cpu"
     assert len(heard.started) == 1 and outer.kernel.endswith("." + heard.started[0])   # announced before
     assert inner.seconds > 0 and outer.seconds > 0
+    # the first-run notice's watch: one compilation (the callee inside it), announced before it ran
+    assert watch.count == 1 and started == heard.started
+    assert watch.seconds == inner.seconds + outer.seconds
     kernel(2.5)                          # nobody listening: nothing delivered
-    assert len(heard.events) == 2
+    assert len(heard.events) == 2 and watch.count == 1
 
 
 def test_refusing_raises_where_a_kernel_would_compile_and_reports_the_miss():
