@@ -98,8 +98,8 @@ class CPUDevice(Device):
 
 class CPUBackend(Backend):
     """``n_threads``: what plans are made for (at most; see threads.py); ``thresholds``: the work
-    below which a step runs on one thread (``params.Thresholds``; tests and warm-up set
-    ``params.ALWAYS_PARALLEL`` to run the parallel kernels on small cases)."""
+    below which a step runs on one thread (``params.Thresholds``; tests set ``params.ALWAYS_PARALLEL``
+    to run the parallel kernels on small cases, warm-up its ``warmup_variants``)."""
 
     def __init__(self, device, n_threads=None, thresholds=Thresholds()):
         super().__init__(device)

@@ -88,17 +88,16 @@ class ComputeParams:
     """The parameters of one plan (see the module docstring). A fresh one per plan: its scope
     starts empty."""
 
-    __slots__ = ("nth", "thresholds", "scope", "_pool")
+    __slots__ = ("nth", "thresholds", "scope")
 
-    def __init__(self, nth, thresholds=Thresholds(), pool=None):
-        self.nth, self.thresholds, self.scope, self._pool = int(nth), thresholds, PlanScope(), pool
+    def __init__(self, nth, thresholds=Thresholds()):
+        self.nth, self.thresholds, self.scope = int(nth), thresholds, PlanScope()
 
     @property
     def pool(self):
-        """The pool the plan's jobs go to (the process's, started on first use, unless given)."""
-        if self._pool is None:
-            self._pool = get_pool()
-        return self._pool
+        """The pool the plan's jobs go to: the process's, started on first use (its callers take
+        turns; ``pool.py``)."""
+        return get_pool()
 
     def step(self, kernel, nch, *args):
         """The plan step ``(kernel, args)`` of a ``common.parallel_kernel`` in ``nch`` chunks: a job
