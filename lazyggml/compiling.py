@@ -50,6 +50,7 @@ class WouldCompile(Exception):
 
 
 _listeners = []     # (listener, wants launches), innermost last
+_launch_listeners = 0   # how many of them want first launches (asked at every OpenCL launch)
 _stack = []         # one [seconds of the compilations inside it, announced] per compilation under way
 _refusing = False
 
@@ -60,18 +61,21 @@ def listen(listener, launches=False):
     outermost compilation begins (where its compiler says so before it is done), and
     ``compile_event(event)`` after each hit or miss. ``launches``: also each kernel's first launch on
     the backends that time them (see ``watching_launches``)."""
+    global _launch_listeners
     _listen_to_numba()
     entry = (listener, launches)
     _listeners.append(entry)
+    _launch_listeners += launches
     try:
         yield listener
     finally:
         _listeners.remove(entry)
+        _launch_listeners -= launches
 
 
 def watching_launches():
     """Whether a listener wants first launches timed (a backend asks at each launch: cheap)."""
-    return any(launches for _, launches in _listeners)
+    return _launch_listeners > 0
 
 
 def _announce(name):

@@ -400,7 +400,8 @@ def quant_path(wtype, ne11, repacked):
 
 def mul_mat_steps(w, wtype, x, dst, params, repacked=False):
     """The kernel calls ``[(kernel, args)]`` that compute ``mul_mat(w, x)`` into dst for a plan's
-    ``params`` (``params.py``: its threads, pool, thresholds and scope): the arguments are checked and built here once, so that a plan can replay them.
+    ``params`` (``params.py``: its threads, pool, thresholds and scope): the arguments are checked
+    and built here once, so that a plan can replay them.
     ``repacked``: the weight is in a CPU_REPACK buffer (``repack.py``)."""
     wtype = as_type(wtype)
     if wtype not in SUPPORTED_TYPES:
