@@ -205,7 +205,7 @@ def tie_cache(namespace: dict, salt: str, *paths: str) -> None:
     ``simd.ISA``).
 
     Numba keys a cached function on ITS OWN source file only: a kernel in matmul.py that inlines
-    code from vec_dot.py would otherwise keep running stale machine code after vec_dot.py changes,
+    code from type_k.py would otherwise keep running stale machine code after type_k.py changes,
     and a cache written with ``LAZYGGML_SIMD=portable`` would be reused without it. We fold a hash
     of the dependencies into each function's cache stamp (numba's ``IndexDataCacheFile``), so any
     change invalidates the entry. If a future Numba renames these internals, this does nothing.

@@ -2,7 +2,7 @@
 
 ``quantize(t, x)`` gives exactly the bytes of GGML's ``ggml_quantize_chunk(t, x, ..., imatrix=NULL)``
 (the reference quantizers, docs/quant-formats.md §4); ``dequantize(t, data, n_per_row)`` gives
-exactly GGML's ``dequantize_row_*`` floats. The kernels live in ``backends/cpu/quant.py``, these
+exactly GGML's ``dequantize_row_*`` floats. The kernels live in ``backends/cpu/type_<family>.py``, these
 drivers in ``backends/cpu/convert.py``; this module is their public home.
 
 Supported types (``SUPPORTED_TYPES``): F32 and every type with a reference quantizer in the CPU

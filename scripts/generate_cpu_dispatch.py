@@ -68,7 +68,7 @@ SWITCHES = [
            "    (``type_traits_cpu[tid].from_float``), for the vec_dot_types of the quantized weights."),
     Switch("dot_rows", "dot", lambda: types_with("dot"), "n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c", "_kernel",
            "Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the activation column at\n"
-           "    byte yo of y into dst[i3, i2, c] (``vec_dot.dot_*``, two rows at once with ``dot2_*``\n"
+           "    byte yo of y into dst[i3, i2, c] (the type's ``dot_*``, two rows at once with ``dot2_*``\n"
            "    where the type has it and the CPU AVX-512BW), for the quantized weight types. The row\n"
            "    loop sits inside each branch: with the chain inside the loop instead, a Q4_K row of one\n"
            "    super-block took 40 ns where the dot product alone takes 13. Each row asks for the bytes\n"
@@ -85,7 +85,7 @@ SWITCHES = [
     Switch("dot_tile", "dot_cols", lambda: types_with("dot_cols"),
            "n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0", "_kernel",
            "Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the nc activation columns\n"
-           "    from byte yo of y into dst[i3, i2, c0:c0 + nc] (``vec_dot.dot_cols_*``, two rows at once\n"
+           "    from byte yo of y into dst[i3, i2, c0:c0 + nc] (the type's ``dot_cols_*``, two rows at once\n"
            "    with ``dot_cols2_*`` where the type has it and the CPU AVX-512BW), for the quantized\n"
            "    weight types; ``tile_*`` where the type has one.",
            body="for r in range(r0, r1):\n"
@@ -157,7 +157,7 @@ from ... import types
 from ...cache import tie_cache
 from . import {imports}
 
-_chunk = njit(cache=True, error_model="numpy")   # the options of quant.py's kernels
+_chunk = njit(cache=True, error_model="numpy")   # the options of the reference quantizers (type_common._kernel)
 _kernel = njit(cache=True)
 
 # A decode mat-vec reads its weight rows once, one after the other. The hardware prefetchers follow
@@ -232,7 +232,7 @@ def render() -> str:
         lines, cases = _switch_code(sw, modules)
         body += lines
         table[sw.name] = cases
-    out = HEADER.format(imports=", ".join(sorted(modules))).splitlines()
+    out = HEADER.format(imports=", ".join(sorted(modules | {"type_common"}))).splitlines()
     out += body
     out += ["", "", "#: switch -> {type id: the kernel its branch calls}, in branch order", "SWITCHES = {"]
     for name, cases in table.items():
@@ -240,10 +240,12 @@ def render() -> str:
         out += [f'        {int(t)}: "{kernel}",  # {t.name}' for t, kernel in cases.items()]
         out.append("    },")
     out.append("}")
-    files = ", ".join(f"{m}.__file__" for m in sorted(modules))
-    out += ["", "# the cache of every switch above also depends on the kernels' files, and on types.py for their",
-            "# block sizes and tables (lazyggml.cache.tie_cache)",
-            f"tie_cache(globals(), simd.ISA, {files},", "          types.__file__, __file__)"]
+    files = [f"{m}.__file__" for m in sorted(modules | {"type_common"})] + ["types.__file__"]
+    out += ["", "#: the files of the kernels the switches call, and of what those reach: the cache of a driver",
+            "#: that calls a switch depends on them (``tie_cache(globals(), salt, *KERNEL_FILES, ...)``)",
+            f"KERNEL_FILES = ({', '.join(files[:4])},", f"                {', '.join(files[4:])})",
+            "", "# the cache of every switch above also depends on those files (lazyggml.cache.tie_cache)",
+            "tie_cache(globals(), simd.ISA, *KERNEL_FILES, __file__)"]
     return "\n".join(out) + "\n"
 
 

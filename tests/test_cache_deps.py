@@ -167,7 +167,10 @@ def tie_call(module):
     for node in _tree(module).body:
         call = getattr(node, "value", None)
         if isinstance(node, ast.Expr) and isinstance(call, ast.Call) and getattr(call.func, "id", None) == "tie_cache":
-            paths = [eval(ast.unparse(a), vars(sys.modules[module])) for a in call.args[2:]]
+            paths = []
+            for a in call.args[2:]:   # a path, or *paths (``dispatch.KERNEL_FILES``)
+                value = eval(ast.unparse(a.value if isinstance(a, ast.Starred) else a), vars(sys.modules[module]))
+                paths += list(value) if isinstance(a, ast.Starred) else [value]
             return ast.unparse(call.args[1]), {_module_name(p) for p in paths}
     return None
 
@@ -215,11 +218,11 @@ def test_no_cpu_module_defines_overloads():
 
 def test_the_rule_sees_what_it_should():
     """The checks above would pass vacuously if the rule missed things: matmul's kernels reach
-    vec_dot's (and through them simd's intrinsics and quant's tables), elementwise's read
+    type_k's (and through them simd's intrinsics and type_common's tables), elementwise's read
     ``UnaryOp`` through ops.py from types.py, replay's intrinsics call pool's ``_borrowed``; common.py
     reads convert.py only in a ``supports`` check, and nothing compiled reads the kernel table."""
     cpu = "lazyggml.backends.cpu."
-    assert {cpu + "vec_dot", SIMD, cpu + "quant"} <= reached(cpu + "matmul")
+    assert {cpu + "type_k", SIMD, cpu + "type_common"} <= reached(cpu + "matmul")
     assert "lazyggml.types" in reached(cpu + "elementwise")
     assert cpu + "pool" in reached(cpu + "replay")
     assert not {cpu + "convert", cpu + "table", "lazyggml.cache", "lazyggml.ops"} & reached(cpu + "common")

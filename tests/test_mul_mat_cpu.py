@@ -1,4 +1,4 @@
-"""The CPU quantized matmul (backends/cpu/matmul.py, vec_dot.py, simd.py, traits.py, and dispatch.py,
+"""The CPU quantized matmul (backends/cpu/matmul.py, type_*.py, simd.py, traits.py, and dispatch.py,
 generated from the traits table by scripts/generate_cpu_dispatch.py).
 
 Three oracles:
@@ -27,9 +27,7 @@ from numba import njit
 
 from lazyggml.backends.cpu import dispatch as D
 from lazyggml.backends.cpu import matmul as M
-from lazyggml.backends.cpu import quant as Q
-from lazyggml.backends.cpu import simd, tiled
-from lazyggml.backends.cpu import vec_dot as V
+from lazyggml.backends.cpu import simd, tiled, type_common, type_float, type_k
 from lazyggml.backends.cpu.common import KIND
 from lazyggml.backends.cpu.params import ALWAYS_PARALLEL, NEVER_PARALLEL, ComputeParams
 from lazyggml.backends.cpu.traits import TYPE_TRAITS_CPU, get_type_traits_cpu, types_with
@@ -44,7 +42,7 @@ FLOAT_TYPES = [Type.F32, Type.F16, Type.BF16]
 ALL_TYPES = FLOAT_TYPES + QUANT_TYPES
 # ggml-python's GGML is built for this CPU. With AVX2 and FMA its dot products are the AVX2 code our
 # kernels follow lane for lane: the same bits for every quantized type; for the float types too,
-# unless it was built for AVX-512, whose float sums run 16 lanes wide (vec_dot.py's float rows).
+# unless it was built for AVX-512, whose float sums run 16 lanes wide (type_float.py).
 GGML_BITS = simd.HAVE_AVX2 and "fma" in simd._FEATURES
 GGML_FLOAT_BITS = GGML_BITS and not simd.HAVE_AVX512
 
@@ -112,7 +110,7 @@ def make_weights(t, wf):
         return h, h.view(np.uint8), h.astype(np.float64)
     if t == Type.BF16:
         bits = np.empty(wf.size * 2, np.uint8)
-        Q.quantize_row_bf16(wf.reshape(-1), bits)
+        type_float.quantize_row_bf16(wf.reshape(-1), bits)
         u16 = bits.view(np.uint16).reshape(wf.shape)
         deq = (u16.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
         return u16, bits.reshape(*shp, -1), deq
@@ -195,7 +193,7 @@ FLOAT_CASES = [
 @pytest.mark.parametrize("t", FLOAT_TYPES, ids=lambda t: t.name)
 def test_float_mul_mat_is_ggml_bits(t):
     """F32, F16 and BF16 weights give GGML's CPU mul_mat bit for bit (its ggml_vec_dot_f32 / _f16 /
-    _bf16 per row and column: vec_dot.py's float rows), for one column (two rows at a time) and
+    _bf16 per row and column: type_float.py), for one column (two rows at a time) and
     for tiles of columns, with and without the leftovers past the last 32 values."""
     rng = np.random.default_rng(500 + int(t))
     for k, m, n, noncontig in FLOAT_CASES:
@@ -387,7 +385,7 @@ def test_columns_together_equal_columns_alone(t):
 
 @pytest.mark.parametrize("n", [256, 768, 2048])
 def test_q4_K_tile_min_table(n):
-    """Q4_K's tiles share their columns' min table across rows (vec_dot._k4_min_table): a tile of
+    """Q4_K's tiles share their columns' min table across rows (type_k._k4_min_table): a tile of
     1 to 24 columns (0 to 3 groups of 8, and 0 to 7 alone; from the second column on) over 4 of 5
     random rows, its scratch NaN at first, gives each (row, column) the bits of the one-column dot_q4_K_q8_K, and
     dot_cols_q4_K_q8_K gives them for one row."""
@@ -395,15 +393,15 @@ def test_q4_K_tile_min_table(n):
     w4 = np.stack([random_blocks(rng, Type.Q4_K, n) for _ in range(5)]).reshape(1, 1, 5, -1)
     ys = np.concatenate([activation_row(rng, Type.Q4_K, n)[1] for _ in range(25)])
     rs = ys.size // 25
-    want = np.array([[V.dot_q4_K_q8_K(n, w4[0, 0, r], ys, c * rs) for r in range(5)] for c in range(25)],
+    want = np.array([[type_k.dot_q4_K_q8_K(n, w4[0, 0, r], ys, c * rs) for r in range(5)] for c in range(25)],
                     np.float32)
     for nc in (1, 7, 8, 9, 16, 21, 24):
-        acc = np.full(V.acc_floats(n, nc), np.nan, np.float32)
+        acc = np.full(type_common.acc_floats(n, nc), np.nan, np.float32)
         out, dst = np.empty(nc, np.float32), np.full((1, 1, nc + 2, 5), np.nan, np.float32)
-        V.tile_q4_K_q8_K(n, w4, 0, 0, 1, 5, ys, rs, rs, type_size(Type.Q8_K), nc, acc, out, dst, 0, 0, 2)
+        type_k.tile_q4_K_q8_K(n, w4, 0, 0, 1, 5, ys, rs, rs, type_size(Type.Q8_K), nc, acc, out, dst, 0, 0, 2)
         assert np.array_equal(dst[0, 0, 2:, 1:].view(np.uint32), want[1:1 + nc, 1:].view(np.uint32)), nc
         assert np.isnan(dst[0, 0, :2]).all() and np.isnan(dst[0, 0, :, 0]).all(), nc   # nothing else written
-        V.dot_cols_q4_K_q8_K(n, w4[0, 0, 0], ys, 0, rs, type_size(Type.Q8_K), nc, acc, out)
+        type_k.dot_cols_q4_K_q8_K(n, w4[0, 0, 0], ys, 0, rs, type_size(Type.Q8_K), nc, acc, out)
         assert np.array_equal(out.view(np.uint32), want[:nc, 0].view(np.uint32)), nc
 
 
@@ -423,7 +421,7 @@ def test_two_rows_equal_rows_alone(t):
             pair = tr.dot2(n, x, x2, ys, 0)
             assert (pair[0], pair[1]) == (tr.dot(n, x, ys, 0), tr.dot(n, x2, ys, 0)), n
         for nc in (1, 5, 16):
-            acc = np.empty(V.acc_floats(n, nc), np.float32)
+            acc = np.empty(type_common.acc_floats(n, nc), np.float32)
             one, two = np.empty(nc, np.float32), np.empty(2 * nc, np.float32)
             tr.dot_cols2(n, x, x2, ys, 0, rs, type_size(Type.Q8_K), nc, acc, two)
             for row, got in ((x, two[0::2]), (x2, two[1::2])):
@@ -543,7 +541,7 @@ _TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q2_K", "Q3_K")
 _CHILD = f"TYPES = {_TYPES!r}\n" + textwrap.dedent("""
     import json, sys
     import numpy as np
-    from lazyggml.backends.cpu import simd, vec_dot as V, matmul as M
+    from lazyggml.backends.cpu import simd, type_common, type_float, type_k, matmul as M
     from lazyggml.backends.cpu.traits import get_type_traits_cpu
     from lazyggml.types import Type
     if sys.argv[2] == "portable":
@@ -558,23 +556,24 @@ _CHILD = f"TYPES = {_TYPES!r}\n" + textwrap.dedent("""
         out[name] = float(tr.vec_dot(int(d["n"]), d[name + "_x"], d[name + "_y"]))
     # several columns at once: Q4_K (K-quant path) and F16 (float path with fp16 decode)
     n, nc = int(d["n"]), int(d["nc"])
-    acc = np.empty(V.acc_floats(n, nc + 4), np.float32)
+    acc = np.empty(type_common.acc_floats(n, nc + 4), np.float32)
     res = np.empty(nc, np.float32)
-    V.dot_cols_q4_K_q8_K(n, d["Q4_K_x"], d["ys"], n - n, int(d["rs"]), 292, nc, acc, res)
+    type_k.dot_cols_q4_K_q8_K(n, d["Q4_K_x"], d["ys"], n - n, int(d["rs"]), 292, nc, acc, res)
     out["cols"] = res.tolist()
     # two rows at once: per row the same arithmetic as one row, in this build too
     q4, q4b, q6, q6b = d["Q4_K_x"], d["Q4_K_x2"], d["Q6_K_x"], d["Q6_K_x2"]
     two = np.empty(2 * nc, np.float32)
-    V.dot_cols2_q4_K_q8_K(n, q4, q4b, d["ys"], 0, int(d["rs"]), 292, nc, acc, two)
-    V.dot_cols_q4_K_q8_K(n, q4b, d["ys"], 0, int(d["rs"]), 292, nc, acc, res)
+    type_k.dot_cols2_q4_K_q8_K(n, q4, q4b, d["ys"], 0, int(d["rs"]), 292, nc, acc, two)
+    type_k.dot_cols_q4_K_q8_K(n, q4b, d["ys"], 0, int(d["rs"]), 292, nc, acc, res)
     assert two[0::2].tolist() == out["cols"] and two[1::2].tolist() == res.tolist()
     y6 = d["Q6_K_y"]
-    assert V.dot2_q6_K_q8_K(n, q6, q6b, y6, 0) == (V.dot_q6_K_q8_K(n, q6, y6, 0), V.dot_q6_K_q8_K(n, q6b, y6, 0))
-    V.dot_cols2_q6_K_q8_K(n, q6, q6b, d["ys"], 0, int(d["rs"]), 292, nc, acc, two)
-    V.dot_cols_q6_K_q8_K(n, q6b, d["ys"], 0, int(d["rs"]), 292, nc, acc, res)
+    assert type_k.dot2_q6_K_q8_K(n, q6, q6b, y6, 0) == (type_k.dot_q6_K_q8_K(n, q6, y6, 0),
+                                                        type_k.dot_q6_K_q8_K(n, q6b, y6, 0))
+    type_k.dot_cols2_q6_K_q8_K(n, q6, q6b, d["ys"], 0, int(d["rs"]), 292, nc, acc, two)
+    type_k.dot_cols_q6_K_q8_K(n, q6b, d["ys"], 0, int(d["rs"]), 292, nc, acc, res)
     assert two[1::2].tolist() == res.tolist()
     w16 = d["w16"]
-    out["f16"] = [float(v) for v in V.dot_tile_f16(n, w16, w16, d["yf"], 0, 4 * n, 8 * n)[:3]]
+    out["f16"] = [float(v) for v in type_float.dot_tile_f16(n, w16, w16, d["yf"], 0, 4 * n, 8 * n)[:3]]
     # the portable fp16 decode on all 65536 halves (subnormals, infinities, NaNs)
     from numba import njit
     @njit
@@ -640,10 +639,10 @@ def test_portable_simd_path(tmp_path, path):
         data[name + "_x"], data[name + "_y"] = x, y
         expect[name] = float(get_type_traits_cpu(t).vec_dot(n, x, y))
     data["Q4_K_x2"], data["Q6_K_x2"] = random_blocks(rng, Type.Q4_K, n), random_blocks(rng, Type.Q6_K, n)
-    nc = 11   # 8 columns summed together (vec_dot._col_sums) and 3 alone
+    nc = 11   # 8 columns summed together (type_common._col_sums) and 3 alone
     ys = np.concatenate([activation_row(rng, Type.Q4_K, n)[1] for _ in range(nc)])
     rs = ys.size // nc
-    expect["cols"] = [float(V.vec_dot_q4_K_q8_K(n, data["Q4_K_x"], ys[c * rs:(c + 1) * rs]))
+    expect["cols"] = [float(type_k.vec_dot_q4_K_q8_K(n, data["Q4_K_x"], ys[c * rs:(c + 1) * rs]))
                       for c in range(nc)]
     # F16 weights with subnormals and large values; activations already fp16-rounded floats
     w16 = rng.uniform(-1, 1, n).astype(np.float16)

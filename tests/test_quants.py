@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from lazyggml.backends.cpu import quant as k
+from lazyggml.backends.cpu import type_common
 from lazyggml.quants import dequantize, quantize
 from lazyggml.types import Type, blck_size, row_size
 
@@ -308,8 +308,8 @@ def test_fp16_table_is_exact():
     out = np.empty(65536, np.float32)
     ggml.ggml_fp16_to_fp32_row(h.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
                                out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 65536)
-    assert_same_floats(k.TABLE_F32_F16, out, Type.F16, "fp16 table")
-    assert k.fp16_to_fp32(0x3C00) == 1.0 and k.fp32_to_fp16(np.float32(-2.0)) == 0xC000
+    assert_same_floats(type_common.TABLE_F32_F16, out, Type.F16, "fp16 table")
+    assert type_common.fp16_to_fp32(0x3C00) == 1.0 and type_common.fp32_to_fp16(np.float32(-2.0)) == 0xC000
 
 
 def test_bf16_specials():

@@ -54,7 +54,7 @@ from numba import njit
 from ...cache import tie_cache
 from ...ops import Op, flash_attn_params
 from ...types import Type
-from . import common, elementwise, pool, quant, simd
+from . import common, elementwise, pool, simd, type_common
 from .table import forward
 from .common import (KIND, KIND_F16, KIND_F32, as_bits, chunk, parallel_kernel, to_f32, from_f32,
                      unravel_row)
@@ -532,5 +532,5 @@ def _flat(a):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, elementwise.__file__, pool.__file__,
+tie_cache(globals(), simd.ISA, simd.__file__, type_common.__file__, common.__file__, elementwise.__file__, pool.__file__,
           __file__)

@@ -22,7 +22,7 @@ from numba import njit
 from ...cache import tie_cache
 from ...types import Type
 from . import convert as _convert
-from . import quant as _quant
+from . import type_common
 from . import pool, simd
 
 _kernel = njit(cache=True, error_model="numpy")
@@ -54,9 +54,9 @@ def quant_ready(t):
 def to_f32(b, kind):
     """The float32 value of the element bits ``b`` of the given kind."""
     if kind == KIND_F16:
-        return _quant.fp16_to_fp32(b)
+        return type_common.fp16_to_fp32(b)
     if kind == KIND_BF16:
-        return _quant.bf16_to_fp32(b)
+        return type_common.bf16_to_fp32(b)
     if kind == KIND_I32:
         return np.float32(np.uint32(b).view(np.int32))
     return np.uint32(b).view(np.float32)
@@ -66,9 +66,9 @@ def to_f32(b, kind):
 def from_f32(x, kind):
     """The bits (as uint32) of the float32 ``x`` stored as the given kind."""
     if kind == KIND_F16:
-        return np.uint32(_quant.fp32_to_fp16(x))
+        return np.uint32(type_common.fp32_to_fp16(x))
     if kind == KIND_BF16:
-        return np.uint32(_quant.fp32_to_bf16(x))
+        return np.uint32(type_common.fp32_to_bf16(x))
     if kind == KIND_I32:
         return np.int32(x).view(np.uint32)
     return np.float32(x).view(np.uint32)
@@ -134,4 +134,4 @@ def unravel_row(r, n1, n2):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, _quant.__file__, pool.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, type_common.__file__, pool.__file__, __file__)

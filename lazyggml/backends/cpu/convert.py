@@ -16,10 +16,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ... import types
 from ...cache import tie_cache
 from ...types import Type, as_type, blck_size, row_size, type_name
-from . import dispatch, quant, simd, vec_dot
+from . import dispatch, simd
 from .traits import TYPE_TRAITS_CPU, types_with
 
 #: the types ``quantize`` and ``dequantize`` take: F32, and those with a reference quantizer
@@ -135,6 +134,5 @@ def dequantize(t, data, n_per_row: int) -> np.ndarray:
 
 
 # the cache of the parallel drivers also depends on the switches and the kernels they call
-# (from_float_rows reaches vec_dot's x86 quantizers, written with simd's intrinsics)
-tie_cache(globals(), simd.ISA, quant.__file__, dispatch.__file__, vec_dot.__file__, simd.__file__, types.__file__,
-          __file__)
+# (from_float_rows reaches type_legacy's x86 quantizers, written with simd's intrinsics)
+tie_cache(globals(), simd.ISA, *dispatch.KERNEL_FILES, dispatch.__file__, __file__)

@@ -24,7 +24,7 @@ from numba import njit
 from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, blck_size, is_quantized, type_size
-from . import quant as _quant
+from . import type_common
 from . import simd
 from . import common, convert
 from .common import (FLOAT_TYPES, KIND, KIND_F32, KIND_RAW, as_bits, convert_row, from_f32, quant_ready, to_f32,
@@ -126,4 +126,4 @@ def copy_forward(node, dst, srcs, params):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, _quant.__file__, common.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, type_common.__file__, common.__file__, __file__)

@@ -22,9 +22,9 @@ from numba import njit
 
 from ... import types
 from ...cache import tie_cache
-from . import quant, repack, simd, tiled, vec_dot
+from . import repack, simd, tiled, type_common, type_float, type_iq, type_k, type_legacy
 
-_chunk = njit(cache=True, error_model="numpy")   # the options of quant.py's kernels
+_chunk = njit(cache=True, error_model="numpy")   # the options of the reference quantizers (type_common._kernel)
 _kernel = njit(cache=True)
 
 # A decode mat-vec reads its weight rows once, one after the other. The hardware prefetchers follow
@@ -58,37 +58,37 @@ def quantize_chunk(tid, x, y):
     reference quantizers: GGML's ``ggml_quantize_chunk`` switch (``from_float_ref``). An id
     without one (F32) does nothing."""
     if tid == 1:  # F16
-        quant.quantize_row_f16(x, y)
+        type_float.quantize_row_f16(x, y)
     elif tid == 2:  # Q4_0
-        quant.quantize_row_q4_0(x, y)
+        type_legacy.quantize_row_q4_0(x, y)
     elif tid == 3:  # Q4_1
-        quant.quantize_row_q4_1(x, y)
+        type_legacy.quantize_row_q4_1(x, y)
     elif tid == 6:  # Q5_0
-        quant.quantize_row_q5_0(x, y)
+        type_legacy.quantize_row_q5_0(x, y)
     elif tid == 7:  # Q5_1
-        quant.quantize_row_q5_1(x, y)
+        type_legacy.quantize_row_q5_1(x, y)
     elif tid == 8:  # Q8_0
-        quant.quantize_row_q8_0(x, y)
+        type_legacy.quantize_row_q8_0(x, y)
     elif tid == 9:  # Q8_1
-        quant.quantize_row_q8_1(x, y)
+        type_legacy.quantize_row_q8_1(x, y)
     elif tid == 10:  # Q2_K
-        quant.quantize_row_q2_K(x, y)
+        type_k.quantize_row_q2_K(x, y)
     elif tid == 11:  # Q3_K
-        quant.quantize_row_q3_K(x, y)
+        type_k.quantize_row_q3_K(x, y)
     elif tid == 12:  # Q4_K
-        quant.quantize_row_q4_K(x, y)
+        type_k.quantize_row_q4_K(x, y)
     elif tid == 13:  # Q5_K
-        quant.quantize_row_q5_K(x, y)
+        type_k.quantize_row_q5_K(x, y)
     elif tid == 14:  # Q6_K
-        quant.quantize_row_q6_K(x, y)
+        type_k.quantize_row_q6_K(x, y)
     elif tid == 15:  # Q8_K
-        quant.quantize_row_q8_K(x, y)
+        type_k.quantize_row_q8_K(x, y)
     elif tid == 20:  # IQ4_NL
-        quant.quantize_row_iq4_nl(x, y)
+        type_iq.quantize_row_iq4_nl(x, y)
     elif tid == 23:  # IQ4_XS
-        quant.quantize_row_iq4_xs(x, y)
+        type_iq.quantize_row_iq4_xs(x, y)
     elif tid == 30:  # BF16
-        quant.quantize_row_bf16(x, y)
+        type_float.quantize_row_bf16(x, y)
 
 
 @_chunk
@@ -96,37 +96,37 @@ def dequantize_chunk(tid, x, y):
     """Dequantize contiguous rows x (bytes, flattened) of type id tid into y (float32):
     ``to_float``. The types of ``quantize_chunk``; another id (F32) does nothing."""
     if tid == 1:  # F16
-        quant.dequantize_row_f16(x, y)
+        type_float.dequantize_row_f16(x, y)
     elif tid == 2:  # Q4_0
-        quant.dequantize_row_q4_0(x, y)
+        type_legacy.dequantize_row_q4_0(x, y)
     elif tid == 3:  # Q4_1
-        quant.dequantize_row_q4_1(x, y)
+        type_legacy.dequantize_row_q4_1(x, y)
     elif tid == 6:  # Q5_0
-        quant.dequantize_row_q5_0(x, y)
+        type_legacy.dequantize_row_q5_0(x, y)
     elif tid == 7:  # Q5_1
-        quant.dequantize_row_q5_1(x, y)
+        type_legacy.dequantize_row_q5_1(x, y)
     elif tid == 8:  # Q8_0
-        quant.dequantize_row_q8_0(x, y)
+        type_legacy.dequantize_row_q8_0(x, y)
     elif tid == 9:  # Q8_1
-        quant.dequantize_row_q8_1(x, y)
+        type_legacy.dequantize_row_q8_1(x, y)
     elif tid == 10:  # Q2_K
-        quant.dequantize_row_q2_K(x, y)
+        type_k.dequantize_row_q2_K(x, y)
     elif tid == 11:  # Q3_K
-        quant.dequantize_row_q3_K(x, y)
+        type_k.dequantize_row_q3_K(x, y)
     elif tid == 12:  # Q4_K
-        quant.dequantize_row_q4_K(x, y)
+        type_k.dequantize_row_q4_K(x, y)
     elif tid == 13:  # Q5_K
-        quant.dequantize_row_q5_K(x, y)
+        type_k.dequantize_row_q5_K(x, y)
     elif tid == 14:  # Q6_K
-        quant.dequantize_row_q6_K(x, y)
+        type_k.dequantize_row_q6_K(x, y)
     elif tid == 15:  # Q8_K
-        quant.dequantize_row_q8_K(x, y)
+        type_k.dequantize_row_q8_K(x, y)
     elif tid == 20:  # IQ4_NL
-        quant.dequantize_row_iq4_nl(x, y)
+        type_iq.dequantize_row_iq4_nl(x, y)
     elif tid == 23:  # IQ4_XS
-        quant.dequantize_row_iq4_xs(x, y)
+        type_iq.dequantize_row_iq4_xs(x, y)
     elif tid == 30:  # BF16
-        quant.dequantize_row_bf16(x, y)
+        type_float.dequantize_row_bf16(x, y)
 
 
 @_kernel
@@ -134,17 +134,17 @@ def from_float(tid, x, y):
     """Quantize one activation row x (float32) into y (bytes) as GGML's CPU backend does
     (``type_traits_cpu[tid].from_float``), for the vec_dot_types of the quantized weights."""
     if tid == 8:  # Q8_0
-        vec_dot.quantize_row_q8_0_cpu(x, y)
+        type_legacy.quantize_row_q8_0_cpu(x, y)
     elif tid == 9:  # Q8_1
-        vec_dot.quantize_row_q8_1_cpu(x, y)
+        type_legacy.quantize_row_q8_1_cpu(x, y)
     elif tid == 15:  # Q8_K
-        quant.quantize_row_q8_K(x, y)
+        type_k.quantize_row_q8_K(x, y)
 
 
 @_kernel
 def dot_rows(tid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c):
     """Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the activation column at
-    byte yo of y into dst[i3, i2, c] (``vec_dot.dot_*``, two rows at once with ``dot2_*``
+    byte yo of y into dst[i3, i2, c] (the type's ``dot_*``, two rows at once with ``dot2_*``
     where the type has it and the CPU AVX-512BW), for the quantized weight types. The row
     loop sits inside each branch: with the chain inside the loop instead, a Q4_K row of one
     super-block took 40 ns where the dot product alone takes 13. Each row asks for the bytes
@@ -152,143 +152,143 @@ def dot_rows(tid, n, w4, j3, j2, r0, r1, y, yo, dst, i3, i2, c):
     if tid == 2:  # Q4_0
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
-            dst[i3, i2, c, r] = vec_dot.dot_q4_0_q8_0(n, w4[j3, j2, r], y, yo)
+            dst[i3, i2, c, r] = type_legacy.dot_q4_0_q8_0(n, w4[j3, j2, r], y, yo)
     elif tid == 3:  # Q4_1
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
-            dst[i3, i2, c, r] = vec_dot.dot_q4_1_q8_1(n, w4[j3, j2, r], y, yo)
+            dst[i3, i2, c, r] = type_legacy.dot_q4_1_q8_1(n, w4[j3, j2, r], y, yo)
     elif tid == 6:  # Q5_0
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
-            dst[i3, i2, c, r] = vec_dot.dot_q5_0_q8_0(n, w4[j3, j2, r], y, yo)
+            dst[i3, i2, c, r] = type_legacy.dot_q5_0_q8_0(n, w4[j3, j2, r], y, yo)
     elif tid == 7:  # Q5_1
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
-            dst[i3, i2, c, r] = vec_dot.dot_q5_1_q8_1(n, w4[j3, j2, r], y, yo)
+            dst[i3, i2, c, r] = type_legacy.dot_q5_1_q8_1(n, w4[j3, j2, r], y, yo)
     elif tid == 8:  # Q8_0
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
-            dst[i3, i2, c, r] = vec_dot.dot_q8_0_q8_0(n, w4[j3, j2, r], y, yo)
+            dst[i3, i2, c, r] = type_legacy.dot_q8_0_q8_0(n, w4[j3, j2, r], y, yo)
     elif tid == 10:  # Q2_K
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
-            dst[i3, i2, c, r] = vec_dot.dot_q2_K_q8_K(n, w4[j3, j2, r], y, yo)
+            dst[i3, i2, c, r] = type_k.dot_q2_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 11:  # Q3_K
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
-            dst[i3, i2, c, r] = vec_dot.dot_q3_K_q8_K(n, w4[j3, j2, r], y, yo)
+            dst[i3, i2, c, r] = type_k.dot_q3_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 12:  # Q4_K
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
-            dst[i3, i2, c, r] = vec_dot.dot_q4_K_q8_K(n, w4[j3, j2, r], y, yo)
+            dst[i3, i2, c, r] = type_k.dot_q4_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 13:  # Q5_K
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
-            dst[i3, i2, c, r] = vec_dot.dot_q5_K_q8_K(n, w4[j3, j2, r], y, yo)
+            dst[i3, i2, c, r] = type_k.dot_q5_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 14:  # Q6_K
         if simd.HAVE_AVX512BW:
             for r in range(r0, r1 - 1, 2):
                 _prefetch_ahead(w4[j3, j2, r], 2)
-                dst[i3, i2, c, r], dst[i3, i2, c, r + 1] = vec_dot.dot2_q6_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo)
+                dst[i3, i2, c, r], dst[i3, i2, c, r + 1] = type_k.dot2_q6_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo)
             if (r1 - r0) % 2:
-                dst[i3, i2, c, r1 - 1] = vec_dot.dot_q6_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo)
+                dst[i3, i2, c, r1 - 1] = type_k.dot_q6_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo)
         else:
             for r in range(r0, r1):
                 _prefetch_ahead(w4[j3, j2, r], 1)
-                dst[i3, i2, c, r] = vec_dot.dot_q6_K_q8_K(n, w4[j3, j2, r], y, yo)
+                dst[i3, i2, c, r] = type_k.dot_q6_K_q8_K(n, w4[j3, j2, r], y, yo)
     elif tid == 20:  # IQ4_NL
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
-            dst[i3, i2, c, r] = vec_dot.dot_iq4_nl_q8_0(n, w4[j3, j2, r], y, yo)
+            dst[i3, i2, c, r] = type_iq.dot_iq4_nl_q8_0(n, w4[j3, j2, r], y, yo)
     elif tid == 23:  # IQ4_XS
         for r in range(r0, r1):
             _prefetch_ahead(w4[j3, j2, r], 1)
-            dst[i3, i2, c, r] = vec_dot.dot_iq4_xs_q8_K(n, w4[j3, j2, r], y, yo)
+            dst[i3, i2, c, r] = type_iq.dot_iq4_xs_q8_K(n, w4[j3, j2, r], y, yo)
 
 
 @_kernel
 def dot_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0):
     """Weight rows r0..r1 of w4[j3, j2] (type id tid) each dotted with the nc activation columns
-    from byte yo of y into dst[i3, i2, c0:c0 + nc] (``vec_dot.dot_cols_*``, two rows at once
+    from byte yo of y into dst[i3, i2, c0:c0 + nc] (the type's ``dot_cols_*``, two rows at once
     with ``dot_cols2_*`` where the type has it and the CPU AVX-512BW), for the quantized
     weight types; ``tile_*`` where the type has one."""
     if tid == 2:  # Q4_0
         for r in range(r0, r1):
-            vec_dot.dot_cols_q4_0_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            type_legacy.dot_cols_q4_0_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 3:  # Q4_1
         for r in range(r0, r1):
-            vec_dot.dot_cols_q4_1_q8_1(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            type_legacy.dot_cols_q4_1_q8_1(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 6:  # Q5_0
         for r in range(r0, r1):
-            vec_dot.dot_cols_q5_0_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            type_legacy.dot_cols_q5_0_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 7:  # Q5_1
         for r in range(r0, r1):
-            vec_dot.dot_cols_q5_1_q8_1(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            type_legacy.dot_cols_q5_1_q8_1(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 8:  # Q8_0
         for r in range(r0, r1):
-            vec_dot.dot_cols_q8_0_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            type_legacy.dot_cols_q8_0_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 10:  # Q2_K
         for r in range(r0, r1):
-            vec_dot.dot_cols_q2_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            type_k.dot_cols_q2_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 11:  # Q3_K
         for r in range(r0, r1):
-            vec_dot.dot_cols_q3_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            type_k.dot_cols_q3_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 12:  # Q4_K
         if simd.HAVE_AVX512BW:
             for r in range(r0, r1 - 1, 2):
-                vec_dot.dot_cols2_q4_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo, ycs, ybs, nc, acc, out)
+                type_k.dot_cols2_q4_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo, ycs, ybs, nc, acc, out)
                 for k in range(nc):
                     dst[i3, i2, c0 + k, r] = out[2 * k]
                     dst[i3, i2, c0 + k, r + 1] = out[2 * k + 1]
             if (r1 - r0) % 2:
-                vec_dot.dot_cols_q4_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo, ycs, ybs, nc, acc, out)
+                type_k.dot_cols_q4_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo, ycs, ybs, nc, acc, out)
                 for k in range(nc):
                     dst[i3, i2, c0 + k, r1 - 1] = out[k]
         else:
-            vec_dot.tile_q4_K_q8_K(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0)
+            type_k.tile_q4_K_q8_K(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, acc, out, dst, i3, i2, c0)
     elif tid == 13:  # Q5_K
         for r in range(r0, r1):
-            vec_dot.dot_cols_q5_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            type_k.dot_cols_q5_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 14:  # Q6_K
         if simd.HAVE_AVX512BW:
             for r in range(r0, r1 - 1, 2):
-                vec_dot.dot_cols2_q6_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo, ycs, ybs, nc, acc, out)
+                type_k.dot_cols2_q6_K_q8_K(n, w4[j3, j2, r], w4[j3, j2, r + 1], y, yo, ycs, ybs, nc, acc, out)
                 for k in range(nc):
                     dst[i3, i2, c0 + k, r] = out[2 * k]
                     dst[i3, i2, c0 + k, r + 1] = out[2 * k + 1]
             if (r1 - r0) % 2:
-                vec_dot.dot_cols_q6_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo, ycs, ybs, nc, acc, out)
+                type_k.dot_cols_q6_K_q8_K(n, w4[j3, j2, r1 - 1], y, yo, ycs, ybs, nc, acc, out)
                 for k in range(nc):
                     dst[i3, i2, c0 + k, r1 - 1] = out[k]
         else:
             for r in range(r0, r1):
-                vec_dot.dot_cols_q6_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+                type_k.dot_cols_q6_K_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
                 for k in range(nc):
                     dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 20:  # IQ4_NL
         for r in range(r0, r1):
-            vec_dot.dot_cols_iq4_nl_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            type_iq.dot_cols_iq4_nl_q8_0(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
     elif tid == 23:  # IQ4_XS
         for r in range(r0, r1):
-            vec_dot.dot_cols_iq4_xs_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
+            type_iq.dot_cols_iq4_xs_q8_K(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, acc, out)
             for k in range(nc):
                 dst[i3, i2, c0 + k, r] = out[k]
 
@@ -362,73 +362,73 @@ def repack_tile(tid, n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, ngemm, acc, out
 #: switch -> {type id: the kernel its branch calls}, in branch order
 SWITCHES = {
     "quantize_chunk": {
-        1: "quant.quantize_row_f16",  # F16
-        2: "quant.quantize_row_q4_0",  # Q4_0
-        3: "quant.quantize_row_q4_1",  # Q4_1
-        6: "quant.quantize_row_q5_0",  # Q5_0
-        7: "quant.quantize_row_q5_1",  # Q5_1
-        8: "quant.quantize_row_q8_0",  # Q8_0
-        9: "quant.quantize_row_q8_1",  # Q8_1
-        10: "quant.quantize_row_q2_K",  # Q2_K
-        11: "quant.quantize_row_q3_K",  # Q3_K
-        12: "quant.quantize_row_q4_K",  # Q4_K
-        13: "quant.quantize_row_q5_K",  # Q5_K
-        14: "quant.quantize_row_q6_K",  # Q6_K
-        15: "quant.quantize_row_q8_K",  # Q8_K
-        20: "quant.quantize_row_iq4_nl",  # IQ4_NL
-        23: "quant.quantize_row_iq4_xs",  # IQ4_XS
-        30: "quant.quantize_row_bf16",  # BF16
+        1: "type_float.quantize_row_f16",  # F16
+        2: "type_legacy.quantize_row_q4_0",  # Q4_0
+        3: "type_legacy.quantize_row_q4_1",  # Q4_1
+        6: "type_legacy.quantize_row_q5_0",  # Q5_0
+        7: "type_legacy.quantize_row_q5_1",  # Q5_1
+        8: "type_legacy.quantize_row_q8_0",  # Q8_0
+        9: "type_legacy.quantize_row_q8_1",  # Q8_1
+        10: "type_k.quantize_row_q2_K",  # Q2_K
+        11: "type_k.quantize_row_q3_K",  # Q3_K
+        12: "type_k.quantize_row_q4_K",  # Q4_K
+        13: "type_k.quantize_row_q5_K",  # Q5_K
+        14: "type_k.quantize_row_q6_K",  # Q6_K
+        15: "type_k.quantize_row_q8_K",  # Q8_K
+        20: "type_iq.quantize_row_iq4_nl",  # IQ4_NL
+        23: "type_iq.quantize_row_iq4_xs",  # IQ4_XS
+        30: "type_float.quantize_row_bf16",  # BF16
     },
     "dequantize_chunk": {
-        1: "quant.dequantize_row_f16",  # F16
-        2: "quant.dequantize_row_q4_0",  # Q4_0
-        3: "quant.dequantize_row_q4_1",  # Q4_1
-        6: "quant.dequantize_row_q5_0",  # Q5_0
-        7: "quant.dequantize_row_q5_1",  # Q5_1
-        8: "quant.dequantize_row_q8_0",  # Q8_0
-        9: "quant.dequantize_row_q8_1",  # Q8_1
-        10: "quant.dequantize_row_q2_K",  # Q2_K
-        11: "quant.dequantize_row_q3_K",  # Q3_K
-        12: "quant.dequantize_row_q4_K",  # Q4_K
-        13: "quant.dequantize_row_q5_K",  # Q5_K
-        14: "quant.dequantize_row_q6_K",  # Q6_K
-        15: "quant.dequantize_row_q8_K",  # Q8_K
-        20: "quant.dequantize_row_iq4_nl",  # IQ4_NL
-        23: "quant.dequantize_row_iq4_xs",  # IQ4_XS
-        30: "quant.dequantize_row_bf16",  # BF16
+        1: "type_float.dequantize_row_f16",  # F16
+        2: "type_legacy.dequantize_row_q4_0",  # Q4_0
+        3: "type_legacy.dequantize_row_q4_1",  # Q4_1
+        6: "type_legacy.dequantize_row_q5_0",  # Q5_0
+        7: "type_legacy.dequantize_row_q5_1",  # Q5_1
+        8: "type_legacy.dequantize_row_q8_0",  # Q8_0
+        9: "type_legacy.dequantize_row_q8_1",  # Q8_1
+        10: "type_k.dequantize_row_q2_K",  # Q2_K
+        11: "type_k.dequantize_row_q3_K",  # Q3_K
+        12: "type_k.dequantize_row_q4_K",  # Q4_K
+        13: "type_k.dequantize_row_q5_K",  # Q5_K
+        14: "type_k.dequantize_row_q6_K",  # Q6_K
+        15: "type_k.dequantize_row_q8_K",  # Q8_K
+        20: "type_iq.dequantize_row_iq4_nl",  # IQ4_NL
+        23: "type_iq.dequantize_row_iq4_xs",  # IQ4_XS
+        30: "type_float.dequantize_row_bf16",  # BF16
     },
     "from_float": {
-        8: "vec_dot.quantize_row_q8_0_cpu",  # Q8_0
-        9: "vec_dot.quantize_row_q8_1_cpu",  # Q8_1
-        15: "quant.quantize_row_q8_K",  # Q8_K
+        8: "type_legacy.quantize_row_q8_0_cpu",  # Q8_0
+        9: "type_legacy.quantize_row_q8_1_cpu",  # Q8_1
+        15: "type_k.quantize_row_q8_K",  # Q8_K
     },
     "dot_rows": {
-        2: "vec_dot.dot_q4_0_q8_0",  # Q4_0
-        3: "vec_dot.dot_q4_1_q8_1",  # Q4_1
-        6: "vec_dot.dot_q5_0_q8_0",  # Q5_0
-        7: "vec_dot.dot_q5_1_q8_1",  # Q5_1
-        8: "vec_dot.dot_q8_0_q8_0",  # Q8_0
-        10: "vec_dot.dot_q2_K_q8_K",  # Q2_K
-        11: "vec_dot.dot_q3_K_q8_K",  # Q3_K
-        12: "vec_dot.dot_q4_K_q8_K",  # Q4_K
-        13: "vec_dot.dot_q5_K_q8_K",  # Q5_K
-        14: "vec_dot.dot_q6_K_q8_K+vec_dot.dot2_q6_K_q8_K",  # Q6_K
-        20: "vec_dot.dot_iq4_nl_q8_0",  # IQ4_NL
-        23: "vec_dot.dot_iq4_xs_q8_K",  # IQ4_XS
+        2: "type_legacy.dot_q4_0_q8_0",  # Q4_0
+        3: "type_legacy.dot_q4_1_q8_1",  # Q4_1
+        6: "type_legacy.dot_q5_0_q8_0",  # Q5_0
+        7: "type_legacy.dot_q5_1_q8_1",  # Q5_1
+        8: "type_legacy.dot_q8_0_q8_0",  # Q8_0
+        10: "type_k.dot_q2_K_q8_K",  # Q2_K
+        11: "type_k.dot_q3_K_q8_K",  # Q3_K
+        12: "type_k.dot_q4_K_q8_K",  # Q4_K
+        13: "type_k.dot_q5_K_q8_K",  # Q5_K
+        14: "type_k.dot_q6_K_q8_K+type_k.dot2_q6_K_q8_K",  # Q6_K
+        20: "type_iq.dot_iq4_nl_q8_0",  # IQ4_NL
+        23: "type_iq.dot_iq4_xs_q8_K",  # IQ4_XS
     },
     "dot_tile": {
-        2: "vec_dot.dot_cols_q4_0_q8_0",  # Q4_0
-        3: "vec_dot.dot_cols_q4_1_q8_1",  # Q4_1
-        6: "vec_dot.dot_cols_q5_0_q8_0",  # Q5_0
-        7: "vec_dot.dot_cols_q5_1_q8_1",  # Q5_1
-        8: "vec_dot.dot_cols_q8_0_q8_0",  # Q8_0
-        10: "vec_dot.dot_cols_q2_K_q8_K",  # Q2_K
-        11: "vec_dot.dot_cols_q3_K_q8_K",  # Q3_K
-        12: "vec_dot.tile_q4_K_q8_K+vec_dot.dot_cols2_q4_K_q8_K",  # Q4_K
-        13: "vec_dot.dot_cols_q5_K_q8_K",  # Q5_K
-        14: "vec_dot.dot_cols_q6_K_q8_K+vec_dot.dot_cols2_q6_K_q8_K",  # Q6_K
-        20: "vec_dot.dot_cols_iq4_nl_q8_0",  # IQ4_NL
-        23: "vec_dot.dot_cols_iq4_xs_q8_K",  # IQ4_XS
+        2: "type_legacy.dot_cols_q4_0_q8_0",  # Q4_0
+        3: "type_legacy.dot_cols_q4_1_q8_1",  # Q4_1
+        6: "type_legacy.dot_cols_q5_0_q8_0",  # Q5_0
+        7: "type_legacy.dot_cols_q5_1_q8_1",  # Q5_1
+        8: "type_legacy.dot_cols_q8_0_q8_0",  # Q8_0
+        10: "type_k.dot_cols_q2_K_q8_K",  # Q2_K
+        11: "type_k.dot_cols_q3_K_q8_K",  # Q3_K
+        12: "type_k.tile_q4_K_q8_K+type_k.dot_cols2_q4_K_q8_K",  # Q4_K
+        13: "type_k.dot_cols_q5_K_q8_K",  # Q5_K
+        14: "type_k.dot_cols_q6_K_q8_K+type_k.dot_cols2_q6_K_q8_K",  # Q6_K
+        20: "type_iq.dot_cols_iq4_nl_q8_0",  # IQ4_NL
+        23: "type_iq.dot_cols_iq4_xs_q8_K",  # IQ4_XS
     },
     "tiled_tile": {
         10: "tiled.tiled_cols_q2_K_q8_K",  # Q2_K
@@ -450,7 +450,10 @@ SWITCHES = {
     },
 }
 
-# the cache of every switch above also depends on the kernels' files, and on types.py for their
-# block sizes and tables (lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, quant.__file__, repack.__file__, simd.__file__, tiled.__file__, vec_dot.__file__,
-          types.__file__, __file__)
+#: the files of the kernels the switches call, and of what those reach: the cache of a driver
+#: that calls a switch depends on them (``tie_cache(globals(), salt, *KERNEL_FILES, ...)``)
+KERNEL_FILES = (repack.__file__, simd.__file__, tiled.__file__, type_common.__file__,
+                type_float.__file__, type_iq.__file__, type_k.__file__, type_legacy.__file__, types.__file__)
+
+# the cache of every switch above also depends on those files (lazyggml.cache.tie_cache)
+tie_cache(globals(), simd.ISA, *KERNEL_FILES, __file__)

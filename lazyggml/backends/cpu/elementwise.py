@@ -37,10 +37,10 @@ from ... import types
 from ...cache import tie_cache
 from ...ops import GluOp, Op, UnaryOp, clamp_params, glu_params, scale_params, unary_op
 from ...types import Type
-from . import common, pool, quant, simd
+from . import common, pool, simd, type_common
 from .table import forward
 from .common import chunk, parallel_kernel, unravel_row
-from .quant import fp32_to_fp16
+from .type_common import fp32_to_fp16
 from .simd import fma as fmaf  # a*b + c, fused where the target has FMA (as GCC contracts GGML's C)
 
 _kernel = njit(cache=True, error_model="numpy")
@@ -396,5 +396,5 @@ def glu_forward(node, dst, srcs, params):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, pool.__file__, quant.__file__,
+tie_cache(globals(), simd.ISA, simd.__file__, common.__file__, pool.__file__, type_common.__file__,
           types.__file__, __file__)   # types: UnaryOp's values

@@ -22,9 +22,9 @@ How it runs (GGML's ``ggml_compute_forward_mul_mat``, reorganised):
    consecutive tasks that free threads take (``PREFILL_CHUNKS_PER_THREAD`` a thread), so a core
    slowed down by something else just does fewer of them.
 3. **A task** walks its weight rows; each row is dotted with all ``CT`` columns at once by
-   ``vec_dot.dot_cols_*``, which unpacks every weight block once for all the columns (a weight
+   the type's ``dot_cols_*`` (``type_<family>.py``), which unpacks every weight block once for all the columns (a weight
    byte is read from memory once per column tile, and unpacked once per column tile). With a
-   single column, the register-only ``vec_dot.dot_*`` is used. Where the type has them and the
+   single column, the register-only ``dot_*`` is used. Where the type has them and the
    CPU has AVX-512BW, rows go two at a time through ``dot2_*`` / ``dot_cols2_*`` (512-bit
    vectors, the same results; on AVX2 alone they are 1.3-2.3x slower, see dispatch.py). The
    kernels of the weight type are the traits table's ``dot`` / ``dot_cols`` (``dot2`` /
@@ -41,7 +41,7 @@ Numerics: per (row, column), the arithmetic is exactly that of GGML's AVX2 ``vec
 activation quantizer or rounding, same integer lanes, same FMA order): on an FMA machine every
 weight type, F32, F16 and BF16 included, matches GGML's CPU backend bit for bit, whatever the
 number of columns or threads (GGML computes each (row, column) with one ``vec_dot`` call;
-vec_dot.py's float rows say how). Where llama.cpp's build of GGML leaves vec_dot, so do these
+type_float.py says how). Where llama.cpp's build of GGML leaves vec_dot, so do these
 (``quant_path`` picks per product): float products of 2 columns or more follow llamafile's sgemm
 (``LLAMAFILE``), K-quant products of 8 columns or more its tiled matmul's order (``tiled.py``), and
 weights in a CPU_REPACK buffer its repacked gemv/gemm's (``repack.py``).
@@ -57,7 +57,7 @@ import numba
 import numpy as np
 from numba import njit
 
-from ... import debug, types
+from ... import debug
 from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, as_type, row_size, type_size
@@ -65,9 +65,7 @@ from . import common
 from .params import ComputeParams, address
 from .table import forward
 from . import dispatch as D
-from . import quant as Q
-from . import pool, repack, simd, tiled
-from . import vec_dot as V
+from . import pool, repack, simd, tiled, type_common, type_float
 from .common import (FLOAT_TYPES, KIND, KIND_F16, KIND_F32, chunk, from_f32, parallel_kernel, to_f32,
                      unravel_row)
 from .traits import TYPE_TRAITS_CPU, types_with
@@ -273,11 +271,11 @@ def dot_rows_float(kind, n, w, r0, r1, xf, yo, out):
     for r in range(r0, r1, 2):
         xa, xb = w[r], w[min(r + 1, r1 - 1)]
         if kind == KIND_F32:
-            s = V.dot_pair_f32(n, xa, xb, xf, yo)
+            s = type_float.dot_pair_f32(n, xa, xb, xf, yo)
         elif kind == KIND_F16:
-            s = V.dot_pair_f16(n, xa, xb, xf, yo)
+            s = type_float.dot_pair_f16(n, xa, xb, xf, yo)
         else:
-            s = V.dot_pair_bf16(n, xa, xb, xf, yo)
+            s = type_float.dot_pair_bf16(n, xa, xb, xf, yo)
         out[r] = s[0]
         if r + 1 < r1:
             out[r + 1] = s[3]
@@ -301,17 +299,17 @@ def _task_float(kind, n, w4, xf, dst, t, RT, CT, sgemm):
             ya, yb, yc = yo + c * ycs, yo + min(c + 1, nc - 1) * ycs, yo + min(c + 2, nc - 1) * ycs
             if sgemm:
                 if kind == KIND_F32:
-                    s = V.dot_sgemm_f32(n, xa, xb, xf, ya, yb, yc)
+                    s = type_float.dot_sgemm_f32(n, xa, xb, xf, ya, yb, yc)
                 elif kind == KIND_F16:
-                    s = V.dot_sgemm_f16(n, xa, xb, xf, ya, yb, yc)
+                    s = type_float.dot_sgemm_f16(n, xa, xb, xf, ya, yb, yc)
                 else:
-                    s = V.dot_sgemm_bf16(n, xa, xb, xf, ya, yb, yc)
+                    s = type_float.dot_sgemm_bf16(n, xa, xb, xf, ya, yb, yc)
             elif kind == KIND_F32:
-                s = V.dot_tile_f32(n, xa, xb, xf, ya, yb, yc)
+                s = type_float.dot_tile_f32(n, xa, xb, xf, ya, yb, yc)
             elif kind == KIND_F16:
-                s = V.dot_tile_f16(n, xa, xb, xf, ya, yb, yc)
+                s = type_float.dot_tile_f16(n, xa, xb, xf, ya, yb, yc)
             else:
-                s = V.dot_tile_bf16(n, xa, xb, xf, ya, yb, yc)
+                s = type_float.dot_tile_bf16(n, xa, xb, xf, ya, yb, yc)
             for k in range(min(3, nc - c)):
                 dst[i3, i2, c0 + c + k, r] = s[k]
                 if r + 1 < r1:
@@ -485,14 +483,13 @@ def mul_mat_steps(w, wtype, x, dst, params, repacked=False):
     if steps:
         scope.put("yq", key, (x,))
     steps.append(params.step(_tasks_chunk, nc, int(wtype), path, ne10, w, yq, rs, bsz, dst, RT, CT,
-                             thread_scratch("acc", nc, V.acc_floats(ne10, CT), np.float32),
+                             thread_scratch("acc", nc, type_common.acc_floats(ne10, CT), np.float32),
                              thread_scratch("tmp", nc, 2 * CT, np.float32)))
     return steps
 
 
 # the cache of every driver above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, Q.__file__, V.__file__, D.__file__, common.__file__, pool.__file__,
-          tiled.__file__, repack.__file__, types.__file__, __file__)
+tie_cache(globals(), simd.ISA, *D.KERNEL_FILES, D.__file__, common.__file__, pool.__file__, __file__)
 
 
 def _mul_mat_supported(node):

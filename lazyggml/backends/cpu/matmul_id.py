@@ -13,7 +13,7 @@ Shapes are NumPy's view of GGML's (reversed ``ne``)::
 How it runs: the activation rows are converted once to the weights' ``vec_dot_type`` (quantized,
 or rounded to F16/BF16), each row's bytes in one run; then every (token, slot) pair is a
 mat-vec of its expert's rows by the mul_mat kernels (``dispatch.dot_rows``; two rows at a time
-through ``vec_dot.dot_pair_*`` for float weights), so each result element has the arithmetic of
+through ``type_float.dot_pair_*`` for float weights), so each result element has the arithmetic of
 ``mul_mat``'s, hence GGML's bits: vec_dot's, or as llama.cpp's GGML, repacked experts' (CPU_REPACK)
 in its gemv's order and the pairs of an expert with 8 routed pairs or more in its tiled matmul's. The work is cut into tasks of (pair, ``RT`` rows) that run
 as chunks of consecutive tasks on the CPU backend's pool (``pool.py``), as its other products. A
@@ -29,13 +29,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ... import types
 from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, row_size, type_size
-from . import common, matmul, pool, quant, repack, simd, tiled
+from . import common, matmul, pool, repack, simd, tiled, type_common, type_k
 from . import dispatch as D
-from . import vec_dot as V
 from .common import FLOAT_TYPES, KIND, KIND_F32, chunk
 from .matmul import (POOL_CHUNKS_PER_THREAD, PREFILL_CHUNKS_PER_THREAD, SUPPORTED_TYPES,
                      dot_rows_float, round_acts, scratch, thread_scratch)
@@ -88,7 +86,7 @@ def _task(kid, kind, path, n, aq, af, ids, y, yf, rs, n_b, dst, t, counts, acc):
     yo = (tok * n_b + e % n_b) * rs
     if kind < 0:
         if path == matmul.PATH_TILED and counts[x] >= tiled.TILED_MIN_COLS:
-            D.tiled_tile(kid, n, aq, 0, x, r0, r1, y, yo, rs, V.Q8_K_SIZE, 1, acc, acc[acc.size - 2:],
+            D.tiled_tile(kid, n, aq, 0, x, r0, r1, y, yo, rs, type_k.Q8_K_SIZE, 1, acc, acc[acc.size - 2:],
                          dst, 0, tok, e)
         else:
             matmul.dot_rows_path(kid, path, n, aq, 0, x, r0, r1, y, yo, dst, 0, tok, e)
@@ -127,8 +125,8 @@ def _run(vtid, x4, xflat, kid, kind, path, n, aq, af, ids, y, yf, rs, dst, count
 
 
 # the cache of every driver above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, D.__file__, common.__file__, matmul.__file__, pool.__file__,
-          quant.__file__, repack.__file__, tiled.__file__, types.__file__, __file__)
+tie_cache(globals(), simd.ISA, *D.KERNEL_FILES, D.__file__, common.__file__, matmul.__file__, pool.__file__,
+          __file__)
 
 
 def mul_mat_id_steps(as4, wtype, b, ids, dst, params, repacked=False):
@@ -145,7 +143,7 @@ def mul_mat_id_steps(as4, wtype, b, ids, dst, params, repacked=False):
     if parallel:
         nc = min(n_tokens * n_used * -(-m // RT), (POOL_CHUNKS_PER_THREAD if n_tokens == 1 else PREFILL_CHUNKS_PER_THREAD) * nth)
     counts = scratch("counts_id", 8 * n_expert).view(np.int64)
-    acc = thread_scratch("acc_id", nc, V.acc_floats(k, 1) + 2, np.float32)
+    acc = thread_scratch("acc_id", nc, type_common.acc_floats(k, 1) + 2, np.float32)
     par = (counts, acc, params.pool.state, nc, thread_scratch("bad", nc, 1, np.int64)[:, 0])
     what = "mul_mat_id: expert ids"
     if wtype in FLOAT_TYPES:

@@ -37,14 +37,15 @@ from ...buffer import BufferType
 from ... import types
 from ...cache import tie_cache
 from ...ops import Op
-from ...types import Type
-from . import quant, simd
-from . import vec_dot as V
-from .quant import TABLE_F32_F16 as _F16
+from ...types import QK_K, Type
+from . import simd, type_common, type_iq, type_k, type_legacy
 from .simd import (bcast_half, bcast_pair, dot4_acc, fma, hsum_i32, lane, load_f32, load_f32x8,
                    load_i8x32, load_i16x16, load_u16, madd, splat_f32x8, splat_i32x8, store_f32x8, to_f32, vabs,
                    vadd, vmul, vsign)
-from .vec_dot import QK_K, Q4_0_SIZE, Q4_K_SIZE, Q8_0_SIZE, Q8_K_SIZE, _fmaf
+from .type_common import TABLE_F32_F16 as _F16
+from .type_common import _fmaf
+from .type_k import Q4_K_SIZE, Q8_K_SIZE
+from .type_legacy import Q4_0_SIZE, Q8_0_SIZE
 
 _fast = njit(cache=True)
 
@@ -112,17 +113,17 @@ def repack_dot_q4_K_q8_K(n, x, y, yo):
     for i in range(n // QK_K):
         xb = i * Q4_K_SIZE
         yb = yo + i * Q8_K_SIZE
-        xd, xdmin, ms, mins = V._k4_head(x, xb)
-        l0, h0, l1, h1, l2, h2, l3, h3 = V._q4_K_unpack(x, xb)
+        xd, xdmin, ms, mins = type_k._k4_head(x, xb)
+        l0, h0, l1, h1, l2, h2, l3, h3 = type_k._q4_K_unpack(x, xb)
         d8 = load_f32(y, yb)
-        parts = V._k4_sumi_parts(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, bcast_half(ms, 0))
-        a, m = _gemv_block(a, m, xd * d8, xdmin * d8, parts, V._k4_min_prod(mins, y, yb))
+        parts = type_k._k4_sumi_parts(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, bcast_half(ms, 0))
+        a, m = _gemv_block(a, m, xd * d8, xdmin * d8, parts, type_k._k4_min_prod(mins, y, yb))
     return a - m
 
 
 @njit(inline="always")
 def _q4_K_row(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
-    """A repacked Q4_K row against nc columns, the columns' min table (``vec_dot._k4_min_table``) in
+    """A repacked Q4_K row against nc columns, the columns' min table (``type_k._k4_min_table``) in
     acc: the first ``ngemm`` in ``ggml_gemm_q4_K_8x8_q8_K``'s order, the rest in the gemv's. The
     gemm's columns go 8 at a time as GGML's kernel does them (a vector lane per column): their 64-value
     parts' sums (each summed and converted on its own, then side by side in scratch), their min parts
@@ -130,23 +131,23 @@ def _q4_K_row(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
     acc[nc + c]."""
     ng = nc // 8                      # the table's groups
     gemm_groups = min(ngemm, nc) // 8
-    tb = 4 * V.ACC_PER_COL * nc
+    tb = 4 * type_common.ACC_PER_COL * nc
     sp = 2 * nc                       # scratch: 4 x 8 part sums of a group
     acc[:2 * nc] = 0
     for i in range(n // QK_K):
         xb = i * Q4_K_SIZE
-        xd, xdmin, ms, mins = V._k4_head(x, xb)
-        l0, h0, l1, h1, l2, h2, l3, h3 = V._q4_K_unpack(x, xb)
+        xd, xdmin, ms, mins = type_k._k4_head(x, xb)
+        l0, h0, l1, h1, l2, h2, l3, h3 = type_k._q4_K_unpack(x, xb)
         sc = bcast_half(ms, 0)
         for g in range(gemm_groups):
             yb = yo + 8 * g * ycs + i * ybs
             for k in range(8):   # each column's 4 part sums, as float32, side by side in scratch at acc[2nc:]
-                p0, p1, p2, p3 = V._k4_sumi_parts(y, yb + k * ycs, l0, h0, l1, h1, l2, h2, l3, h3, sc)
+                p0, p1, p2, p3 = type_k._k4_sumi_parts(y, yb + k * ycs, l0, h0, l1, h1, l2, h2, l3, h3, sc)
                 acc[sp + k] = np.float32(hsum_i32(p0))
                 acc[sp + 8 + k] = np.float32(hsum_i32(p1))
                 acc[sp + 16 + k] = np.float32(hsum_i32(p2))
                 acc[sp + 24 + k] = np.float32(hsum_i32(p3))
-            t = tb + V.K4_TABLE_BYTES * (i * ng + g)
+            t = tb + type_common.K4_TABLE_BYTES * (i * ng + g)
             d8 = load_f32x8(acc, t + 128)
             dd, dm = vmul(splat_f32x8(xd), d8), vmul(splat_f32x8(xdmin), d8)
             a, m = load_f32x8(acc, 32 * g), load_f32x8(acc, 4 * nc + 32 * g)
@@ -163,8 +164,8 @@ def _q4_K_row(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
         for c in range(8 * gemm_groups, nc):
             yb = yo + c * ycs + i * ybs
             d8 = load_f32(y, yb)
-            parts = V._k4_sumi_parts(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc)
-            mp = V._k4_min_prod(mins, y, yb)
+            parts = type_k._k4_sumi_parts(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc)
+            mp = type_k._k4_min_prod(mins, y, yb)
             if c < ngemm:
                 a, m = _gemm_block(acc[c], acc[nc + c], xd * d8, xdmin * d8, parts, mp)
             else:
@@ -178,7 +179,7 @@ def _q4_K_row(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
 def repack_cols_q4_K_q8_K(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
     """A repacked Q4_K row against nc columns (``dot_cols``' layout; acc: ``acc_floats(n, nc)``):
     the columns' min table, then the row (``tile_repack_q4_K_q8_K`` makes the table once a tile)."""
-    V._k4_min_table(n, y, yo, ycs, ybs, nc, acc)
+    type_k._k4_min_table(n, y, yo, ycs, ybs, nc, acc)
     _q4_K_row(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out)
 
 
@@ -186,7 +187,7 @@ def repack_cols_q4_K_q8_K(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
 def tile_repack_q4_K_q8_K(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, ngemm, acc, out, dst, i3, i2, c0):
     """Weight rows r0..r1 of w4[j3, j2] against nc columns into dst[i3, i2, c0:c0 + nc] (the
     ``repack_tile`` switch's parameters): the columns' min table once, then row by row."""
-    V._k4_min_table(n, y, yo, ycs, ybs, nc, acc)
+    type_k._k4_min_table(n, y, yo, ycs, ybs, nc, acc)
     for r in range(r0, r1):
         _q4_K_row(n, w4[j3, j2, r], y, yo, ycs, ybs, nc, ngemm, acc, out)
         for k in range(nc):
@@ -202,7 +203,7 @@ def tile_repack_q4_K_q8_K(n, w4, j3, j2, r0, r1, y, yo, ycs, ybs, nc, ngemm, acc
 @njit(inline="always")
 def _b32_quants(x, xb, iq4):
     """Block xb of a Q4_0 (``iq4`` False) or IQ4_NL row: its 32 signed quants, their magnitudes, d."""
-    q = V._iq4_levels(x, xb + 2) if iq4 else V._q4_0_unpack(x, xb)
+    q = type_iq._iq4_levels(x, xb + 2) if iq4 else type_legacy._q4_0_unpack(x, xb)
     return q, vabs(q), _F16[load_u16(x, xb)]
 
 
@@ -258,4 +259,4 @@ def repack_cols_iq4_nl_q8_0(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, V.__file__, quant.__file__, types.__file__, __file__)
+tie_cache(globals(), simd.ISA, simd.__file__, type_common.__file__, type_legacy.__file__, type_k.__file__, type_iq.__file__, types.__file__, __file__)

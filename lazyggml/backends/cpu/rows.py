@@ -21,11 +21,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ... import types
 from ...cache import tie_cache
 from ...ops import Op
 from ...types import Type, is_quantized, type_size
-from . import common, convert, dispatch, quant, simd
+from . import common, convert, dispatch, simd
 from .table import Checked, check_indices, forward
 from .common import (FLOAT_TYPES, KIND, KIND_F32, KIND_RAW, as_bits, convert_row, from_f32, quant_ready, to_f32,
                    unravel_row)
@@ -140,5 +139,4 @@ def set_rows_forward(node, dst, srcs, params):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, dispatch.__file__, common.__file__, types.__file__,
-          __file__)
+tie_cache(globals(), simd.ISA, *dispatch.KERNEL_FILES, dispatch.__file__, common.__file__, __file__)

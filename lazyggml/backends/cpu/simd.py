@@ -9,7 +9,7 @@ LLVM, however, *can* emit those instructions when it is handed vector IR. So thi
 a handful of LLVM vector types (``<32 x i8>``, ``<16 x i16>``, ``<8 x i32>``, ``<8 x float>``, their
 128-bit halves and their 512-bit doubles, two rows side by side) and about thirty ``@intrinsic``
 operations on them. A kernel written with them
-reads like C written with ``<immintrin.h>`` (see ``vec_dot.py``), yet it is ordinary ``@njit`` code:
+reads like C written with ``<immintrin.h>`` (see ``type_k.py``), yet it is ordinary ``@njit`` code:
 the vectors live in Numba local variables, which LLVM keeps in registers.
 
 How it works
@@ -82,7 +82,7 @@ HAVE_F16C = _REQUEST == "auto" and "f16c" in _FEATURES and "avx" in _FEATURES
 #: (``GGML_F32_EPR`` 16): kernels that follow GGML's lane order for floats read it.
 HAVE_AVX512 = _REQUEST == "auto" and "avx512f" in _FEATURES
 #: True when the 512-bit forms of ``maddubs``, ``madd`` and ``pick16`` are one AVX-512BW instruction
-#: each (the kernels of two weight rows at once, ``vec_dot.dot2_*``, run on 512-bit registers then).
+#: each (the kernels of two weight rows at once, ``dot2_*``, run on 512-bit registers then).
 HAVE_AVX512BW = HAVE_AVX2 and "avx512bw" in _FEATURES
 #: True when ``madd_acc`` can use AVX-512 VNNI's ``vpdpwssd`` on 256-bit registers.
 HAVE_VNNI = HAVE_AVX2 and "avx512vnni" in _FEATURES and "avx512vl" in _FEATURES
@@ -452,7 +452,7 @@ def concat(typingctx, lo, hi):
 def widen_as(typingctx, a, like):
     """``a`` as wide as ``like``: ``a`` itself when they have as many lanes, ``concat(a, a)`` when
     ``like`` has twice as many. The kernels of one weight row and of two rows at once
-    (``vec_dot.dot2_*``: row r in the low 256 bits, row r + 1 in the high) then share their
+    (``dot2_*``: row r in the low 256 bits, row r + 1 in the high) then share their
     helpers: the activations, the same for both rows, are widened to the weights' width (from
     memory, one ``vbroadcasti64x4``)."""
     if not (isinstance(a, Vec) and isinstance(like, Vec) and like.count in (a.count, 2 * a.count)):

@@ -29,7 +29,7 @@ from numba import njit
 from ...cache import tie_cache
 from ...ops import Op, diag_mask_n_past, powf, soft_max_alibi, soft_max_params
 from ...types import Type
-from . import common, elementwise, pool, quant, simd
+from . import common, elementwise, pool, simd, type_common
 from .table import forward
 from .common import KIND, as_bits, chunk, parallel_kernel, to_f32, unravel_row
 from .elementwise import fmaf, v_expf
@@ -124,5 +124,5 @@ def diag_mask_inf_forward(node, dst, srcs, params):
 
 
 # the cache of every kernel above also depends on these files (see lazyggml.cache.tie_cache)
-tie_cache(globals(), simd.ISA, simd.__file__, quant.__file__, common.__file__, pool.__file__, elementwise.__file__,
+tie_cache(globals(), simd.ISA, simd.__file__, type_common.__file__, common.__file__, pool.__file__, elementwise.__file__,
                __file__)

@@ -20,15 +20,15 @@ Fields of ``TypeTraitsCpu`` (rows are raw bytes: ``uint8`` 1-D arrays in GGML's 
   are copied;
 * ``from_float(x, y)``: quantize one row as GGML's CPU backend does for activations
   (``type_traits_cpu[t].from_float``): the reference quantizer, except for Q8_0/Q8_1, where it is
-  the x86 AVX2 code (``vec_dot.quantize_row_q8_*_cpu``);
+  the x86 AVX2 code (``type_legacy.quantize_row_q8_*_cpu``);
 * ``to_float(x: uint8[row_size], y: float32[n])``: dequantize one row;
 * ``vec_dot(n, x, y) -> float32``: dot product of one row of this type with one row of
-  ``vec_dot_type``; the SIMD kernel where ``vec_dot.py`` has one, else the reference;
+  ``vec_dot_type``; the SIMD kernel where the type's module has one, else the reference;
 * ``vec_dot_ref(n, x, y) -> float32``: the plain reference (GGML's ``*_generic`` order);
 * ``dot(n, x, y, yo) -> float32`` and ``dot_cols(n, x, y, yo, ycs, ybs, nc, acc, out)``: the
-  quantized matmul's kernels (one column, many columns; ``vec_dot.py`` says how), for the
+  quantized matmul's kernels (one column, many columns; ``type_common.py`` says how), for the
   quantized weight types; None for the float types, which the matmul runs by element kind
-  (``vec_dot.dot_pair_f32/f16/bf16``, ``dot_tile_f32/f16/bf16``);
+  (``type_float.dot_pair_f32/f16/bf16``, ``dot_tile_f32/f16/bf16``);
 * ``dot2(n, x, x2, y, yo) -> (float32, float32)`` and ``dot_cols2(n, x, x2, y, yo, ycs, ybs, nc,
   acc, out)``: the same for two weight rows at once, on 512-bit vectors (the same results, bit for
   bit); optional: the matmul pairs rows of the types that have them on CPUs with AVX-512BW.
@@ -56,33 +56,21 @@ that script (``tests/test_mul_mat_cpu.py`` fails until the committed file matche
 else reads the table at import time: the matmul's weight types and ``vec_dot_type``, the types
 ``quantize`` / ``dequantize`` (``convert.py``) accept.
 
-Adding a type: its kernels (``quant.py``, ``vec_dot.py``), its row here, regenerate ``dispatch.py``,
-its tests.
+Adding a type: its kernels in its family's module (``type_<family>.py``, whose kernel names
+``type_common.py`` lists), its row here, regenerate ``dispatch.py``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import numpy as np
-from numba import njit
-
 from ...types import Type, as_type, blck_size, type_size
-from . import quant as Q
 from . import repack as R
 from . import tiled as T
-from . import vec_dot as V
-
-
-@njit(cache=True)
-def from_float_f32(x, y):
-    """F32 'quantization' is a copy of the bytes."""
-    y[:] = x.view(np.uint8)
-
-
-@njit(cache=True)
-def to_float_f32(x, y):
-    y[:] = x.view(np.float32)
+from . import type_float as F
+from . import type_iq as IQ
+from . import type_k as K
+from . import type_legacy as L
 
 
 @dataclass(frozen=True)
@@ -138,46 +126,46 @@ def _quant(t, vdt, from_float_ref, to_float, vec_dot=None, vec_dot_ref=None, dot
 
 
 _ROWS = [
-    _float(Type.F32, from_float_f32, to_float_f32, V.vec_dot_f32, V.vec_dot_f32_ref),
-    _float(Type.F16, Q.quantize_row_f16, Q.dequantize_row_f16, V.vec_dot_f16, V.vec_dot_f16_ref),
-    _float(Type.BF16, Q.quantize_row_bf16, Q.dequantize_row_bf16, V.vec_dot_bf16, V.vec_dot_bf16_ref),
-    _quant(Type.Q4_0, Type.Q8_0, Q.quantize_row_q4_0, Q.dequantize_row_q4_0,
-           V.vec_dot_q4_0_q8_0, V.vec_dot_q4_0_q8_0_ref, V.dot_q4_0_q8_0, V.dot_cols_q4_0_q8_0,
+    _float(Type.F32, F.quantize_row_f32, F.dequantize_row_f32, F.vec_dot_f32, F.vec_dot_f32_ref),
+    _float(Type.F16, F.quantize_row_f16, F.dequantize_row_f16, F.vec_dot_f16, F.vec_dot_f16_ref),
+    _float(Type.BF16, F.quantize_row_bf16, F.dequantize_row_bf16, F.vec_dot_bf16, F.vec_dot_bf16_ref),
+    _quant(Type.Q4_0, Type.Q8_0, L.quantize_row_q4_0, L.dequantize_row_q4_0,
+           L.vec_dot_q4_0_q8_0, L.vec_dot_q4_0_q8_0_ref, L.dot_q4_0_q8_0, L.dot_cols_q4_0_q8_0,
            repack_dot=R.repack_dot_q4_0_q8_0, repack_cols=R.repack_cols_q4_0_q8_0),
-    _quant(Type.Q4_1, Type.Q8_1, Q.quantize_row_q4_1, Q.dequantize_row_q4_1,
-           V.vec_dot_q4_1_q8_1, V.vec_dot_q4_1_q8_1_ref, V.dot_q4_1_q8_1, V.dot_cols_q4_1_q8_1),
-    _quant(Type.Q5_0, Type.Q8_0, Q.quantize_row_q5_0, Q.dequantize_row_q5_0,
-           V.vec_dot_q5_0_q8_0, V.vec_dot_q5_0_q8_0_ref, V.dot_q5_0_q8_0, V.dot_cols_q5_0_q8_0),
-    _quant(Type.Q5_1, Type.Q8_1, Q.quantize_row_q5_1, Q.dequantize_row_q5_1,
-           V.vec_dot_q5_1_q8_1, V.vec_dot_q5_1_q8_1_ref, V.dot_q5_1_q8_1, V.dot_cols_q5_1_q8_1),
-    _quant(Type.Q8_0, Type.Q8_0, Q.quantize_row_q8_0, Q.dequantize_row_q8_0,
-           V.vec_dot_q8_0_q8_0, V.vec_dot_q8_0_q8_0_ref, V.dot_q8_0_q8_0, V.dot_cols_q8_0_q8_0,
-           from_float=V.quantize_row_q8_0_cpu),
-    _quant(Type.Q8_1, Type.Q8_1, Q.quantize_row_q8_1, Q.dequantize_row_q8_1,
-           from_float=V.quantize_row_q8_1_cpu),
-    _quant(Type.Q2_K, Type.Q8_K, Q.quantize_row_q2_K, Q.dequantize_row_q2_K,
-           V.vec_dot_q2_K_q8_K, V.vec_dot_q2_K_q8_K_ref, V.dot_q2_K_q8_K, V.dot_cols_q2_K_q8_K,
+    _quant(Type.Q4_1, Type.Q8_1, L.quantize_row_q4_1, L.dequantize_row_q4_1,
+           L.vec_dot_q4_1_q8_1, L.vec_dot_q4_1_q8_1_ref, L.dot_q4_1_q8_1, L.dot_cols_q4_1_q8_1),
+    _quant(Type.Q5_0, Type.Q8_0, L.quantize_row_q5_0, L.dequantize_row_q5_0,
+           L.vec_dot_q5_0_q8_0, L.vec_dot_q5_0_q8_0_ref, L.dot_q5_0_q8_0, L.dot_cols_q5_0_q8_0),
+    _quant(Type.Q5_1, Type.Q8_1, L.quantize_row_q5_1, L.dequantize_row_q5_1,
+           L.vec_dot_q5_1_q8_1, L.vec_dot_q5_1_q8_1_ref, L.dot_q5_1_q8_1, L.dot_cols_q5_1_q8_1),
+    _quant(Type.Q8_0, Type.Q8_0, L.quantize_row_q8_0, L.dequantize_row_q8_0,
+           L.vec_dot_q8_0_q8_0, L.vec_dot_q8_0_q8_0_ref, L.dot_q8_0_q8_0, L.dot_cols_q8_0_q8_0,
+           from_float=L.quantize_row_q8_0_cpu),
+    _quant(Type.Q8_1, Type.Q8_1, L.quantize_row_q8_1, L.dequantize_row_q8_1,
+           from_float=L.quantize_row_q8_1_cpu),
+    _quant(Type.Q2_K, Type.Q8_K, K.quantize_row_q2_K, K.dequantize_row_q2_K,
+           K.vec_dot_q2_K_q8_K, K.vec_dot_q2_K_q8_K_ref, K.dot_q2_K_q8_K, K.dot_cols_q2_K_q8_K,
            tiled_cols=T.tiled_cols_q2_K_q8_K),
-    _quant(Type.Q3_K, Type.Q8_K, Q.quantize_row_q3_K, Q.dequantize_row_q3_K,
-           V.vec_dot_q3_K_q8_K, V.vec_dot_q3_K_q8_K_ref, V.dot_q3_K_q8_K, V.dot_cols_q3_K_q8_K,
+    _quant(Type.Q3_K, Type.Q8_K, K.quantize_row_q3_K, K.dequantize_row_q3_K,
+           K.vec_dot_q3_K_q8_K, K.vec_dot_q3_K_q8_K_ref, K.dot_q3_K_q8_K, K.dot_cols_q3_K_q8_K,
            tiled_cols=T.tiled_cols_q3_K_q8_K),
-    _quant(Type.Q4_K, Type.Q8_K, Q.quantize_row_q4_K, Q.dequantize_row_q4_K,
-           V.vec_dot_q4_K_q8_K, V.vec_dot_q4_K_q8_K_ref, V.dot_q4_K_q8_K, V.dot_cols_q4_K_q8_K,
-           dot_cols2=V.dot_cols2_q4_K_q8_K, tile=V.tile_q4_K_q8_K, tiled_cols=T.tiled_cols_q4_K_q8_K,
+    _quant(Type.Q4_K, Type.Q8_K, K.quantize_row_q4_K, K.dequantize_row_q4_K,
+           K.vec_dot_q4_K_q8_K, K.vec_dot_q4_K_q8_K_ref, K.dot_q4_K_q8_K, K.dot_cols_q4_K_q8_K,
+           dot_cols2=K.dot_cols2_q4_K_q8_K, tile=K.tile_q4_K_q8_K, tiled_cols=T.tiled_cols_q4_K_q8_K,
            tile_tiled=T.tile_tiled_q4_K_q8_K, repack_dot=R.repack_dot_q4_K_q8_K, repack_cols=R.repack_cols_q4_K_q8_K,
            tile_repack=R.tile_repack_q4_K_q8_K),
-    _quant(Type.Q5_K, Type.Q8_K, Q.quantize_row_q5_K, Q.dequantize_row_q5_K,
-           V.vec_dot_q5_K_q8_K, V.vec_dot_q5_K_q8_K_ref, V.dot_q5_K_q8_K, V.dot_cols_q5_K_q8_K,
+    _quant(Type.Q5_K, Type.Q8_K, K.quantize_row_q5_K, K.dequantize_row_q5_K,
+           K.vec_dot_q5_K_q8_K, K.vec_dot_q5_K_q8_K_ref, K.dot_q5_K_q8_K, K.dot_cols_q5_K_q8_K,
            tiled_cols=T.tiled_cols_q5_K_q8_K, tile_tiled=T.tile_tiled_q5_K_q8_K),
-    _quant(Type.Q6_K, Type.Q8_K, Q.quantize_row_q6_K, Q.dequantize_row_q6_K,
-           V.vec_dot_q6_K_q8_K, V.vec_dot_q6_K_q8_K_ref, V.dot_q6_K_q8_K, V.dot_cols_q6_K_q8_K,
-           dot2=V.dot2_q6_K_q8_K, dot_cols2=V.dot_cols2_q6_K_q8_K, tiled_cols=T.tiled_cols_q6_K_q8_K),
-    _quant(Type.Q8_K, Type.Q8_K, Q.quantize_row_q8_K, Q.dequantize_row_q8_K),
-    _quant(Type.IQ4_NL, Type.Q8_0, Q.quantize_row_iq4_nl, Q.dequantize_row_iq4_nl,
-           V.vec_dot_iq4_nl_q8_0, V.vec_dot_iq4_nl_q8_0_ref, V.dot_iq4_nl_q8_0, V.dot_cols_iq4_nl_q8_0,
+    _quant(Type.Q6_K, Type.Q8_K, K.quantize_row_q6_K, K.dequantize_row_q6_K,
+           K.vec_dot_q6_K_q8_K, K.vec_dot_q6_K_q8_K_ref, K.dot_q6_K_q8_K, K.dot_cols_q6_K_q8_K,
+           dot2=K.dot2_q6_K_q8_K, dot_cols2=K.dot_cols2_q6_K_q8_K, tiled_cols=T.tiled_cols_q6_K_q8_K),
+    _quant(Type.Q8_K, Type.Q8_K, K.quantize_row_q8_K, K.dequantize_row_q8_K),
+    _quant(Type.IQ4_NL, Type.Q8_0, IQ.quantize_row_iq4_nl, IQ.dequantize_row_iq4_nl,
+           IQ.vec_dot_iq4_nl_q8_0, IQ.vec_dot_iq4_nl_q8_0_ref, IQ.dot_iq4_nl_q8_0, IQ.dot_cols_iq4_nl_q8_0,
            repack_dot=R.repack_dot_iq4_nl_q8_0, repack_cols=R.repack_cols_iq4_nl_q8_0),
-    _quant(Type.IQ4_XS, Type.Q8_K, Q.quantize_row_iq4_xs, Q.dequantize_row_iq4_xs,
-           V.vec_dot_iq4_xs_q8_K, V.vec_dot_iq4_xs_q8_K_ref, V.dot_iq4_xs_q8_K, V.dot_cols_iq4_xs_q8_K,
+    _quant(Type.IQ4_XS, Type.Q8_K, IQ.quantize_row_iq4_xs, IQ.dequantize_row_iq4_xs,
+           IQ.vec_dot_iq4_xs_q8_K, IQ.vec_dot_iq4_xs_q8_K_ref, IQ.dot_iq4_xs_q8_K, IQ.dot_cols_iq4_xs_q8_K,
            tiled_cols=T.tiled_cols_iq4_xs_q8_K),
 ]
 

@@ -1,6 +1,6 @@
 """Float rows into quantized tensors on the GPU: SET_ROWS into a quantized KV cache and CPY of F32
 or F16 into Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1, with GGML's reference quantizers (the CPU's
-``quant.py`` states them; GGML's CUDA ``cpy`` kernels do the same per block).
+``type_legacy.py`` states them; GGML's CUDA ``cpy`` kernels do the same per block).
 
 ``QUANTIZE[type](x, xo, u8, h, B)`` quantizes the 32 values ``x[xo], .., x[xo + 31]`` into the block
 at byte ``B`` of the destination, written through its ``uint8`` view and, for the fp16 fields, its
