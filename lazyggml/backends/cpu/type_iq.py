@@ -11,7 +11,7 @@ from numba import njit
 
 from ... import types
 from ...cache import tie_cache
-from ...types import KVALUES_IQ4NL, QK_K, Type, type_size
+from ...types import KVALUES_IQ4NL, QK_K, Type, field_offset, type_size
 from . import simd, type_common
 from .simd import (dot4_acc, fma, hsum_f32x8, load_f32, load_f32x8, load_i8x16, load_i8x32, load_u16, lookup16,
                    madd, maddubs, splat_f32x8, splat_i32x8, store_f32x8, to_f32, vabs, vadd, vsign)
@@ -24,6 +24,13 @@ Q8_0_SIZE = type_size(Type.Q8_0)
 Q8_K_SIZE = type_size(Type.Q8_K)
 IQ4_NL_SIZE = type_size(Type.IQ4_NL)
 IQ4_XS_SIZE = type_size(Type.IQ4_XS)
+# where the fields the kernels read start in a block, from the same table (every d is at byte 0)
+IQ4_NL_QS = field_offset(Type.IQ4_NL, "qs")
+IQ4_XS_SCALES_H = field_offset(Type.IQ4_XS, "scales_h")
+IQ4_XS_SCALES_L = field_offset(Type.IQ4_XS, "scales_l")
+IQ4_XS_QS = field_offset(Type.IQ4_XS, "qs")
+Q8_0_QS = field_offset(Type.Q8_0, "qs")
+Q8_K_QS = field_offset(Type.Q8_K, "qs")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -119,7 +126,7 @@ def quantize_row_iq4_nl(x, y):
         id_ = np.float32(1.0) / d if d != 0 else np.float32(0.0)
         for j in range(32):
             L[j] = _best_index_iq4(id_ * xb[j])
-        _iq4_pack(L, y, IQ4_NL_SIZE * i + 2, 32)
+        _iq4_pack(L, y, IQ4_NL_SIZE * i + IQ4_NL_QS, 32)
 
 
 @_kernel
@@ -145,7 +152,7 @@ def quantize_row_iq4_xs(x, y):
         id_ = np.float32(1.0) / d if d != 0 else np.float32(0.0)
         sh = 0
         for k in range(4):
-            y[o + 4 + k] = 0
+            y[o + IQ4_XS_SCALES_L + k] = 0
         for ib in range(8):
             l = min(31, max(-32, nearest_int(id_ * scales[ib])))
             dl = d * np.float32(l)
@@ -153,11 +160,11 @@ def quantize_row_iq4_xs(x, y):
             for j in range(32):
                 L[32 * ib + j] = _best_index_iq4(idl * xs[32 * ib + j])
             l += 32
-            y[o + 4 + ib // 2] |= (l & 0xF) << (4 * (ib % 2))
+            y[o + IQ4_XS_SCALES_L + ib // 2] |= (l & 0xF) << (4 * (ib % 2))
             sh |= (l >> 4) << (2 * ib)
-        y[o + 2] = sh & 0xFF
-        y[o + 3] = sh >> 8
-        _iq4_pack(L, y, o + 8, QK_K)
+        y[o + IQ4_XS_SCALES_H] = sh & 0xFF
+        y[o + IQ4_XS_SCALES_H + 1] = sh >> 8
+        _iq4_pack(L, y, o + IQ4_XS_QS, QK_K)
 
 
 @_kernel
@@ -165,7 +172,7 @@ def dequantize_row_iq4_nl(x, y):
     for i in range(y.shape[0] // 32):
         d = load_f16(x, IQ4_NL_SIZE * i)
         for j in range(16):
-            q = x[IQ4_NL_SIZE * i + 2 + j]
+            q = x[IQ4_NL_SIZE * i + IQ4_NL_QS + j]
             y[32 * i + j] = d * np.float32(KVALUES_IQ4NL[q & 0xF])
             y[32 * i + j + 16] = d * np.float32(KVALUES_IQ4NL[q >> 4])
 
@@ -175,12 +182,12 @@ def dequantize_row_iq4_xs(x, y):
     for i in range(y.shape[0] // QK_K):
         o = IQ4_XS_SIZE * i
         d = load_f16(x, o)
-        sh = np.int64(x[o + 2]) | (np.int64(x[o + 3]) << 8)
+        sh = np.int64(x[o + IQ4_XS_SCALES_H]) | (np.int64(x[o + IQ4_XS_SCALES_H + 1]) << 8)
         for ib in range(8):
-            ls = ((np.int64(x[o + 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
+            ls = ((np.int64(x[o + IQ4_XS_SCALES_L + ib // 2]) >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
             dl = d * np.float32(ls - 32)
             for j in range(16):
-                q = x[o + 8 + 16 * ib + j]
+                q = x[o + IQ4_XS_QS + 16 * ib + j]
                 y[QK_K * i + 32 * ib + j] = dl * np.float32(KVALUES_IQ4NL[q & 0xF])
                 y[QK_K * i + 32 * ib + j + 16] = dl * np.float32(KVALUES_IQ4NL[q >> 4])
 
@@ -199,9 +206,9 @@ def vec_dot_iq4_nl_q8_0_ref(n, x, y):
         s0 = 0
         s1 = 0
         for j in range(16):
-            q = _u8(x, xo + 2 + j)
-            s0 += _i8(y, yo + 2 + j) * kv[q & 0xF]
-            s1 += _i8(y, yo + 2 + j + 16) * kv[q >> 4]
+            q = _u8(x, xo + IQ4_NL_QS + j)
+            s0 += _i8(y, yo + Q8_0_QS + j) * kv[q & 0xF]
+            s1 += _i8(y, yo + Q8_0_QS + j + 16) * kv[q >> 4]
         sumf += (load_f16(y, yo) * load_f16(x, xo)) * np.float32(s0 + s1)
     return sumf
 
@@ -215,15 +222,15 @@ def vec_dot_iq4_xs_q8_K_ref(n, x, y):
     for i in range(n // QK_K):
         xo, yo = i * IQ4_XS_SIZE, i * Q8_K_SIZE
         d4d8 = load_f16(x, xo) * _f32(y, yo)
-        h = np.int64(_u8(x, xo + 2)) | (np.int64(_u8(x, xo + 3)) << 8)
+        h = np.int64(_u8(x, xo + IQ4_XS_SCALES_H)) | (np.int64(_u8(x, xo + IQ4_XS_SCALES_H + 1)) << 8)
         for ib in range(8):
-            ls = ((_u8(x, xo + 4 + ib // 2) >> (4 * (ib % 2))) & 0xF) | (((h >> (2 * ib)) & 3) << 4)
+            ls = ((_u8(x, xo + IQ4_XS_SCALES_L + ib // 2) >> (4 * (ib % 2))) & 0xF) | (((h >> (2 * ib)) & 3) << 4)
             s0 = 0
             s1 = 0
             for j in range(16):
-                q = _u8(x, xo + 8 + 16 * ib + j)
-                s0 += _i8(y, yo + 4 + 32 * ib + j) * kv[q & 0xF]
-                s1 += _i8(y, yo + 4 + 32 * ib + j + 16) * kv[q >> 4]
+                q = _u8(x, xo + IQ4_XS_QS + 16 * ib + j)
+                s0 += _i8(y, yo + Q8_K_QS + 32 * ib + j) * kv[q & 0xF]
+                s1 += _i8(y, yo + Q8_K_QS + 32 * ib + j + 16) * kv[q >> 4]
             sumf += (d4d8 * np.float32(ls - 32)) * np.float32(s0 + s1)
     return sumf
 
@@ -246,8 +253,8 @@ def _iq4_levels(x, o):
 @njit(inline="always")
 def _iq4_nl_block(x, xb, y, yb, acc):
     d = _F16[load_u16(y, yb)] * _F16[load_u16(x, xb)]
-    q = _iq4_levels(x, xb + 2)
-    return fma(splat_f32x8(d), _q8_block_f32(vabs(q), q, load_i8x32(y, yb + 2)), acc)
+    q = _iq4_levels(x, xb + IQ4_NL_QS)
+    return fma(splat_f32x8(d), _q8_block_f32(vabs(q), q, load_i8x32(y, yb + Q8_0_QS)), acc)
 
 
 @njit(inline="always")
@@ -263,8 +270,8 @@ def _iq4_nl_dot(n, x, y, yo, ybs):
     sumf = hsum_f32x8(vadd(acc1, acc2))
     if ib < nb:       # GGML's scalar tail: sumf += d·Σ, fused as GCC compiles it
         xb, yb = ib * IQ4_NL_SIZE, yo + ib * ybs
-        q = _iq4_levels(x, xb + 2)
-        sumi = simd.hsum_i32(dot4_acc(splat_i32x8(0), vabs(q), vsign(load_i8x32(y, yb + 2), q)))
+        q = _iq4_levels(x, xb + IQ4_NL_QS)
+        sumi = simd.hsum_i32(dot4_acc(splat_i32x8(0), vabs(q), vsign(load_i8x32(y, yb + Q8_0_QS), q)))
         sumf = _fmaf(_F16[load_u16(y, yb)] * _F16[load_u16(x, xb)], np.float32(sumi), sumf)
     return sumf
 
@@ -283,15 +290,15 @@ def _iq4_xs_dot(n, x, y, yo, ybs):
 def _iq4_xs_sumi(x, xb, y, yb):
     """The IQ4_XS block at x[xb] against the Q8_K block at y[yb]: Σ_s (ls_s − 32) · Σ level·q8 as 8
     int32 lanes, two chains (even and odd sub-blocks) as GGML's."""
-    sh = np.int32(load_u16(x, xb + 2))
+    sh = np.int32(load_u16(x, xb + IQ4_XS_SCALES_H))
     s1 = splat_i32x8(0)
     s2 = splat_i32x8(0)
     for ib in range(0, 8, 2):
-        q1 = _iq4_levels(x, xb + 8 + 16 * ib)
-        q2 = _iq4_levels(x, xb + 24 + 16 * ib)
-        p1 = maddubs(vabs(q1), vsign(load_i8x32(y, yb + 4 + 32 * ib), q1))
-        p2 = maddubs(vabs(q2), vsign(load_i8x32(y, yb + 36 + 32 * ib), q2))
-        sl = np.int32(x[xb + 4 + ib // 2])
+        q1 = _iq4_levels(x, xb + IQ4_XS_QS + 16 * ib)
+        q2 = _iq4_levels(x, xb + IQ4_XS_QS + 16 + 16 * ib)
+        p1 = maddubs(vabs(q1), vsign(load_i8x32(y, yb + Q8_K_QS + 32 * ib), q1))
+        p2 = maddubs(vabs(q2), vsign(load_i8x32(y, yb + Q8_K_QS + 32 + 32 * ib), q2))
+        sl = np.int32(x[xb + IQ4_XS_SCALES_L + ib // 2])
         ls1 = ((sl & 0xF) | ((sh << 4) & 0x30)) - 32
         ls2 = ((sl >> 4) | ((sh << 2) & 0x30)) - 32
         sh >>= 4
@@ -323,24 +330,25 @@ def dot_cols_iq4_nl_q8_0(n, x, y, yo, ycs, ybs, nc, acc, out):
     ib = 0
     while ib + 1 < nb:
         xb0, xb1 = ib * IQ4_NL_SIZE, (ib + 1) * IQ4_NL_SIZE
-        q0, q1 = _iq4_levels(x, xb0 + 2), _iq4_levels(x, xb1 + 2)
+        q0, q1 = _iq4_levels(x, xb0 + IQ4_NL_QS), _iq4_levels(x, xb1 + IQ4_NL_QS)
         a0, a1 = vabs(q0), vabs(q1)
         d0, d1 = _F16[load_u16(x, xb0)], _F16[load_u16(x, xb1)]
         for c in range(nc):
             yb = yo + c * ycs + ib * ybs
             o = 4 * ACC_PER_COL * c
             store_f32x8(acc, o, fma(splat_f32x8(_F16[load_u16(y, yb)] * d0),
-                                    _q8_block_f32(a0, q0, load_i8x32(y, yb + 2)), load_f32x8(acc, o)))
+                                    _q8_block_f32(a0, q0, load_i8x32(y, yb + Q8_0_QS)), load_f32x8(acc, o)))
             store_f32x8(acc, o + 32, fma(splat_f32x8(_F16[load_u16(y, yb + ybs)] * d1),
-                                         _q8_block_f32(a1, q1, load_i8x32(y, yb + ybs + 2)), load_f32x8(acc, o + 32)))
+                                         _q8_block_f32(a1, q1, load_i8x32(y, yb + ybs + Q8_0_QS)),
+                                         load_f32x8(acc, o + 32)))
         ib += 2
     for c in range(nc):
         o = 4 * ACC_PER_COL * c
         sumf = hsum_f32x8(vadd(load_f32x8(acc, o), load_f32x8(acc, o + 32)))
         if ib < nb:
             xb, yb = ib * IQ4_NL_SIZE, yo + c * ycs + ib * ybs
-            q = _iq4_levels(x, xb + 2)
-            sumi = simd.hsum_i32(dot4_acc(splat_i32x8(0), vabs(q), vsign(load_i8x32(y, yb + 2), q)))
+            q = _iq4_levels(x, xb + IQ4_NL_QS)
+            sumi = simd.hsum_i32(dot4_acc(splat_i32x8(0), vabs(q), vsign(load_i8x32(y, yb + Q8_0_QS), q)))
             sumf = _fmaf(_F16[load_u16(y, yb)] * _F16[load_u16(x, xb)], np.float32(sumi), sumf)
         out[c] = sumf
 
