@@ -43,10 +43,7 @@ from .sampling import Sampler
 from . import testing
 from .models.runner import load_model
 
-F32, F16, BF16, F64 = Type.F32, Type.F16, Type.BF16, Type.F64
-I8, I16, I32, I64 = Type.I8, Type.I16, Type.I32, Type.I64
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q8_1
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K
-IQ4_NL, IQ4_XS = Type.IQ4_NL, Type.IQ4_XS
+# every tensor type under its GGML name, as ggml.h's GGML_TYPE_*: lg.F32, lg.Q4_K, ... (types.Type)
+globals().update(Type.__members__)
 
 __version__ = "0.1.0"

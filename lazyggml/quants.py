@@ -6,8 +6,7 @@ exactly GGML's ``dequantize_row_*`` floats. The kernels live in ``backends/cpu/t
 drivers in ``backends/cpu/convert.py``; this module is their public home.
 
 Supported types (``SUPPORTED_TYPES``): F32 and every type with a reference quantizer in the CPU
-traits table (``backends/cpu/traits.py``): F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K,
-Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS.
+traits table (``backends/cpu/traits.py``): F16, BF16 and every quantized type lazyggml has.
 
 NaN and Inf inputs:
 

@@ -36,8 +36,7 @@ from lazyggml.types import Type, row_size, type_size, blck_size
 import ggml  # noqa: E402  (ggml-python, the GGML oracle: the test extra installs it)
 
 N_THREADS = 2
-QUANT_TYPES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K,
-               Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.IQ4_NL, Type.IQ4_XS]
+QUANT_TYPES = list(types_with("dot_cols"))   # every quantized weight type of the traits table
 FLOAT_TYPES = [Type.F32, Type.F16, Type.BF16]
 ALL_TYPES = FLOAT_TYPES + QUANT_TYPES
 # ggml-python's GGML is built for this CPU. With AVX2 and FMA its dot products are the AVX2 code our

@@ -28,7 +28,7 @@ from lazyggml.backends.opencl import backend as opencl
 from lazyggml.backends.cpu import backend_cpu_init
 from lazyggml.quants import dequantize, quantize
 from lazyggml.sched import Scheduler
-from lazyggml.types import Type, row_size, type_name
+from lazyggml.types import WEIGHT_TYPES, Type, is_quantized, row_size, type_name
 
 if lg.dev_by_name("OpenCL0") is None:
     pytest.skip("no OpenCL device (pip install 'lazyggml[opencl]' for PoCL's CPU device), or "
@@ -53,7 +53,7 @@ def cpu():
 # runs that node on the CPU): writing quantized or BF16 rows, copies to and from BF16, I32 and the
 # quantized types, I32 and permuted get_rows, quantized CONCAT. A list rather than skips, so that a
 # new gap fails and a closed one asks to be struck off.
-_QTYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs")
+_QTYPES = tuple(type_name(t) for t in WEIGHT_TYPES if is_quantized(t))
 OPENCL_GAPS = {
     *(f"set_rows({t}, idx {i})" for t in ("bf16", *_QTYPES) for i in ("i32", "i64")),
     "set_rows(bf16, idx i32, broadcast idx)", "set_rows(bf16, idx i64, broadcast idx)",

@@ -28,16 +28,17 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from lazyggml.backends.cpu import type_common
+from lazyggml.backends.cpu.traits import TYPE_TRAITS_CPU
 from lazyggml.quants import dequantize, quantize
-from lazyggml.types import Type, blck_size, row_size
+from lazyggml.types import Type, blck_size, is_quantized, row_size
 
 import ggml  # noqa: E402  (ggml-python, the GGML oracle: the test extra installs it)
 
 SEED = int(os.environ.get("LAZYGGML_TEST_SEED", secrets.randbits(32)))
 WHERE = f"seed {SEED} (replay: LAZYGGML_TEST_SEED={SEED})"
 
-QUANT_TYPES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q8_1,
-               Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K, Type.IQ4_NL, Type.IQ4_XS]
+#: every quantized type of the CPU's table, so that a new one is checked here from its first day
+QUANT_TYPES = [t for t in TYPE_TRAITS_CPU if is_quantized(t)]
 ALL_TYPES = QUANT_TYPES + [Type.F16, Type.BF16]
 ON_X86 = platform.machine().lower() in ("x86_64", "amd64")
 
