@@ -12,7 +12,7 @@ from numba import njit
 
 from ... import types
 from ...cache import tie_cache
-from ...types import QK_K, Type, type_size
+from ...types import QK_K, Type, field_offset, type_size
 from . import simd, type_common
 from .simd import (bcast_half, bcast_pair, concat, crumb, fma, hadd_pairs, hi_half, hsum_f32x4, hsum_f32x8,
                    hsum_f32x8_cols, lane, lo_half, load_f32, load_f32x16, load_f32x8, load_i16x16, load_i8x16,
@@ -31,6 +31,33 @@ Q4_K_SIZE = type_size(Type.Q4_K)
 Q5_K_SIZE = type_size(Type.Q5_K)
 Q6_K_SIZE = type_size(Type.Q6_K)
 Q8_K_SIZE = type_size(Type.Q8_K)
+# where the fields the kernels read start in a block, from the same table (Q4_K's, Q5_K's and Q8_K's
+# d are at byte 0; Q2_K, Q3_K and Q6_K keep theirs at the end)
+Q2_K_SCALES = field_offset(Type.Q2_K, "scales")
+Q2_K_QS = field_offset(Type.Q2_K, "qs")
+Q2_K_D = field_offset(Type.Q2_K, "d")
+Q2_K_DMIN = field_offset(Type.Q2_K, "dmin")
+Q3_K_HMASK = field_offset(Type.Q3_K, "hmask")
+Q3_K_QS = field_offset(Type.Q3_K, "qs")
+Q3_K_SCALES = field_offset(Type.Q3_K, "scales")
+Q3_K_D = field_offset(Type.Q3_K, "d")
+Q4_K_DMIN = field_offset(Type.Q4_K, "dmin")
+Q4_K_SCALES = field_offset(Type.Q4_K, "scales")
+Q4_K_QS = field_offset(Type.Q4_K, "qs")
+Q5_K_DMIN = field_offset(Type.Q5_K, "dmin")
+Q5_K_SCALES = field_offset(Type.Q5_K, "scales")
+Q5_K_QH = field_offset(Type.Q5_K, "qh")
+Q5_K_QS = field_offset(Type.Q5_K, "qs")
+Q6_K_QL = field_offset(Type.Q6_K, "ql")
+Q6_K_QH = field_offset(Type.Q6_K, "qh")
+Q6_K_SCALES = field_offset(Type.Q6_K, "scales")
+Q6_K_D = field_offset(Type.Q6_K, "d")
+Q8_K_QS = field_offset(Type.Q8_K, "qs")
+Q8_K_BSUMS = field_offset(Type.Q8_K, "bsums")
+# the 12 bytes of packed 6-bit scales (and mins) of Q3_K, Q4_K and Q5_K: GGML's K_SCALE_SIZE
+K_SCALE_SIZE = Q4_K_QS - Q4_K_SCALES
+# Q4_K and Q5_K share their head (d, dmin, scales), so the code for both reads Q4_K's offsets
+assert (Q5_K_DMIN, Q5_K_SCALES) == (Q4_K_DMIN, Q4_K_SCALES)
 
 
 @_kernel
@@ -221,7 +248,7 @@ def _quantize_superblock_k4(xb, yb, nmax, rmin, rdelta, nstep, L, Laux, weights,
 
     inv_scale = np.float32(63.0) / max_scale if max_scale > 0 else np.float32(0.0)
     inv_min = np.float32(63.0) / max_min if max_min > 0 else np.float32(0.0)
-    q = yb[4:16]
+    q = yb[Q4_K_SCALES:Q4_K_SCALES + K_SCALE_SIZE]
     for j in range(QK_K // 32):
         ls = min(63, nearest_int(inv_scale * scales[j]) & 0xFF)   # C stores to uint8 first
         lm = min(63, nearest_int(inv_min * mins[j]) & 0xFF)
@@ -233,10 +260,10 @@ def _quantize_superblock_k4(xb, yb, nmax, rmin, rdelta, nstep, L, Laux, weights,
             q[j - 4] |= (ls >> 4) << 6
             q[j] |= (lm >> 4) << 6
     store_f16(yb, 0, max_scale / np.float32(63.0))
-    store_f16(yb, 2, max_min / np.float32(63.0))
+    store_f16(yb, Q4_K_DMIN, max_min / np.float32(63.0))
 
     d_all = load_f16(yb, 0)
-    dmin_all = load_f16(yb, 2)
+    dmin_all = load_f16(yb, Q4_K_DMIN)
     for j in range(QK_K // 32):
         sc, m = get_scale_min_k4(j, q)
         d = d_all * np.float32(sc)
@@ -287,47 +314,48 @@ def quantize_row_q2_K(x, y):
             if mins[j] > max_min:
                 max_min = mins[j]
 
+        sm = yb[Q2_K_SCALES:Q2_K_SCALES + QK_K // 16]   # per sub-block: scale (low nibble), min (high)
         if max_scale > 0:
             iscale = q4scale / max_scale
             for j in range(QK_K // 16):
-                yb[j] = nearest_int(iscale * scales[j]) & 0xFF
-            store_f16(yb, 80, max_scale / q4scale)
+                sm[j] = nearest_int(iscale * scales[j]) & 0xFF
+            store_f16(yb, Q2_K_D, max_scale / q4scale)
         else:
             for j in range(QK_K // 16):
-                yb[j] = 0
-            store_f16(yb, 80, np.float32(0.0))
+                sm[j] = 0
+            store_f16(yb, Q2_K_D, np.float32(0.0))
         if max_min > 0:
             iscale = q4scale / max_min
             for j in range(QK_K // 16):
-                yb[j] = (yb[j] | (nearest_int(iscale * mins[j]) << 4)) & 0xFF
-            store_f16(yb, 82, max_min / q4scale)
+                sm[j] = (sm[j] | (nearest_int(iscale * mins[j]) << 4)) & 0xFF
+            store_f16(yb, Q2_K_DMIN, max_min / q4scale)
         else:
-            store_f16(yb, 82, np.float32(0.0))
+            store_f16(yb, Q2_K_DMIN, np.float32(0.0))
 
-        d_all = load_f16(yb, 80)
-        dmin_all = load_f16(yb, 82)
+        d_all = load_f16(yb, Q2_K_D)
+        dmin_all = load_f16(yb, Q2_K_DMIN)
         for j in range(QK_K // 16):
-            d = d_all * np.float32(yb[j] & 0xF)
+            d = d_all * np.float32(sm[j] & 0xF)
             if d == 0:
                 continue
-            dm = dmin_all * np.float32(yb[j] >> 4)
+            dm = dmin_all * np.float32(sm[j] >> 4)
             for ii in range(16):
                 L[16 * j + ii] = max(0, min(3, nearest_int((xb[16 * j + ii] + dm) / d)))
 
-        _pack_2bit_128(L, yb[16:80])
+        _pack_2bit_128(L, yb[Q2_K_QS:Q2_K_QS + 64])
 
 
 @_kernel
 def dequantize_row_q2_K(x, y):
     for i in range(y.shape[0] // QK_K):
         xb = x[i * Q2_K_SIZE:(i + 1) * Q2_K_SIZE]
-        d = load_f16(xb, 80)
-        dmin = load_f16(xb, 82)
+        d = load_f16(xb, Q2_K_D)
+        dmin = load_f16(xb, Q2_K_DMIN)
         for e in range(QK_K):
             n, r = divmod(e, 128)          # 128-element half, element inside it
             shift = 2 * (r // 32)
-            sc = xb[8 * n + r // 16]       # one scale byte per 16 elements
-            q = (xb[16 + 32 * n + (r % 32)] >> shift) & 3
+            sc = xb[Q2_K_SCALES + 8 * n + r // 16]   # one scale byte per 16 elements
+            q = (xb[Q2_K_QS + 32 * n + (r % 32)] >> shift) & 3
             dl = d * np.float32(sc & 0xF)
             ml = dmin * np.float32(sc >> 4)
             y[i * QK_K + e] = dl * np.float32(q) - ml
@@ -363,7 +391,7 @@ def quantize_row_q3_K(x, y):
                 amax = abs(scales[j])
                 max_scale = scales[j]
 
-        s = yb[96:108]
+        s = yb[Q3_K_SCALES:Q3_K_SCALES + K_SCALE_SIZE]
         s.fill(0)
         if max_scale != 0:
             iscale = np.float32(-32.0) / max_scale
@@ -374,11 +402,11 @@ def quantize_row_q3_K(x, y):
                 else:
                     s[j - 8] |= (l & 0xF) << 4
                 s[j % 4 + 8] |= (l >> 4) << (2 * (j // 4))
-            store_f16(yb, 108, np.float32(1.0) / iscale)
+            store_f16(yb, Q3_K_D, np.float32(1.0) / iscale)
         else:
-            store_f16(yb, 108, np.float32(0.0))
+            store_f16(yb, Q3_K_D, np.float32(0.0))
 
-        d_all = load_f16(yb, 108)
+        d_all = load_f16(yb, Q3_K_D)
         for j in range(QK_K // 16):
             d = d_all * np.float32(_scale_q3_K(j, s))
             if d == 0:
@@ -386,26 +414,26 @@ def quantize_row_q3_K(x, y):
             for ii in range(16):
                 L[16 * j + ii] = max(-4, min(3, nearest_int(xb[16 * j + ii] / d))) + 4
 
-        hmask = yb[0:32]
+        hmask = yb[Q3_K_HMASK:Q3_K_HMASK + 32]
         hmask.fill(0)
         for j in range(QK_K):
             if L[j] > 3:
                 hmask[j % 32] |= 1 << (j // 32)
                 L[j] -= 4
-        _pack_2bit_128(L, yb[32:96])
+        _pack_2bit_128(L, yb[Q3_K_QS:Q3_K_QS + 64])
 
 
 @_kernel
 def dequantize_row_q3_K(x, y):
     for i in range(y.shape[0] // QK_K):
         xb = x[i * Q3_K_SIZE:(i + 1) * Q3_K_SIZE]
-        d_all = load_f16(xb, 108)
-        s = xb[96:108]
+        d_all = load_f16(xb, Q3_K_D)
+        s = xb[Q3_K_SCALES:Q3_K_SCALES + K_SCALE_SIZE]
         for e in range(QK_K):
             n, r = divmod(e, 128)
             shift = 2 * (r // 32)
-            q = np.int64((xb[32 + 32 * n + (r % 32)] >> shift) & 3)
-            if not (xb[e % 32] >> (e // 32)) & 1:
+            q = np.int64((xb[Q3_K_QS + 32 * n + (r % 32)] >> shift) & 3)
+            if not (xb[Q3_K_HMASK + e % 32] >> (e // 32)) & 1:
                 q -= 4
             dl = d_all * np.float32(_scale_q3_K(8 * n + r // 16, s))
             y[i * QK_K + e] = dl * np.float32(q)
@@ -433,7 +461,7 @@ def quantize_row_q4_K(x, y):
                                 np.float32(0.1), np.int64(20), L, Laux, weights, scales, mins)
         for j in range(0, QK_K, 64):
             for l in range(32):
-                yb[16 + j // 2 + l] = L[j + l] | (L[j + l + 32] << 4)
+                yb[Q4_K_QS + j // 2 + l] = L[j + l] | (L[j + l + 32] << 4)
 
 
 @_kernel
@@ -442,8 +470,8 @@ def dequantize_row_q4_K(x, y):
     for i in range(y.shape[0] // QK_K):
         xb = x[i * Q4_K_SIZE:(i + 1) * Q4_K_SIZE]
         d = load_f16(xb, 0)
-        dmin = load_f16(xb, 2)
-        q = xb[4:16]
+        dmin = load_f16(xb, Q4_K_DMIN)
+        q = xb[Q4_K_SCALES:Q4_K_SCALES + K_SCALE_SIZE]
         for c in range(4):                 # 64 elements = sub-blocks 2c (low nibbles), 2c+1
             sc, m = get_scale_min_k4(2 * c, q)
             d1 = d * np.float32(sc)
@@ -453,7 +481,7 @@ def dequantize_row_q4_K(x, y):
             m2 = dmin * np.float32(m)
             o = i * QK_K + 64 * c
             for l in range(32):
-                b = xb[16 + 32 * c + l]
+                b = xb[Q4_K_QS + 32 * c + l]
                 y[o + l] = d1 * np.float32(b & 0xF) - m1
                 y[o + 32 + l] = d2 * np.float32(b >> 4) - m2
 
@@ -470,14 +498,14 @@ def quantize_row_q5_K(x, y):
         yb = y[i * Q5_K_SIZE:(i + 1) * Q5_K_SIZE]
         _quantize_superblock_k4(x[i * QK_K:(i + 1) * QK_K], yb, np.int64(31), np.float32(-0.5),
                                 np.float32(0.1), np.int64(15), L, Laux, weights, scales, mins)
-        qh = yb[16:48]
+        qh = yb[Q5_K_QH:Q5_K_QH + 32]
         qh.fill(0)
         for j in range(0, QK_K, 64):
             for l in range(32):
                 l1 = L[j + l]
                 l2 = L[j + l + 32]
                 qh[l] |= ((l1 >> 4) << (j // 32)) | ((l2 >> 4) << (j // 32 + 1))
-                yb[48 + j // 2 + l] = (l1 & 0xF) | ((l2 & 0xF) << 4)
+                yb[Q5_K_QS + j // 2 + l] = (l1 & 0xF) | ((l2 & 0xF) << 4)
 
 
 @_kernel
@@ -485,8 +513,8 @@ def dequantize_row_q5_K(x, y):
     for i in range(y.shape[0] // QK_K):
         xb = x[i * Q5_K_SIZE:(i + 1) * Q5_K_SIZE]
         d = load_f16(xb, 0)
-        dmin = load_f16(xb, 2)
-        q = xb[4:16]
+        dmin = load_f16(xb, Q5_K_DMIN)
+        q = xb[Q5_K_SCALES:Q5_K_SCALES + K_SCALE_SIZE]
         for c in range(4):
             sc, m = get_scale_min_k4(2 * c, q)
             d1 = d * np.float32(sc)
@@ -496,8 +524,8 @@ def dequantize_row_q5_K(x, y):
             m2 = dmin * np.float32(m)
             o = i * QK_K + 64 * c
             for l in range(32):
-                b = xb[48 + 32 * c + l]
-                h = xb[16 + l] >> (2 * c)
+                b = xb[Q5_K_QS + 32 * c + l]
+                h = xb[Q5_K_QH + l] >> (2 * c)
                 y[o + l] = d1 * np.float32((b & 0xF) + ((h & 1) << 4)) - m1
                 y[o + 32 + l] = d2 * np.float32((b >> 4) + ((h & 2) << 3)) - m2
 
@@ -527,21 +555,21 @@ def quantize_row_q6_K(x, y):
             continue
 
         iscale = np.float32(-128.0) / max_scale
-        store_f16(yb, 208, np.float32(1.0) / iscale)
+        store_f16(yb, Q6_K_D, np.float32(1.0) / iscale)
         for ib in range(QK_K // 16):
-            yb[192 + ib] = min(127, nearest_int(iscale * scales[ib])) & 0xFF
+            yb[Q6_K_SCALES + ib] = min(127, nearest_int(iscale * scales[ib])) & 0xFF
 
-        d_all = load_f16(yb, 208)
+        d_all = load_f16(yb, Q6_K_D)
         for j in range(QK_K // 16):
-            d = d_all * np.float32(_wrap_i8(yb[192 + j]))
+            d = d_all * np.float32(_wrap_i8(yb[Q6_K_SCALES + j]))
             if d == 0:
                 continue
             for ii in range(16):
                 L[16 * j + ii] = max(-32, min(31, nearest_int(xb[16 * j + ii] / d))) + 32
 
         for j in range(0, QK_K, 128):
-            ql = yb[j // 2:j // 2 + 64]
-            qh = yb[128 + j // 4:128 + j // 4 + 32]
+            ql = yb[Q6_K_QL + j // 2:Q6_K_QL + j // 2 + 64]
+            qh = yb[Q6_K_QH + j // 4:Q6_K_QH + j // 4 + 32]
             for l in range(32):
                 q1 = L[j + l]
                 q2 = L[j + l + 32]
@@ -557,11 +585,11 @@ def dequantize_row_q6_K(x, y):
     """dequantize_row_q6_K: y = (d*sc)*(q-32), left to right."""
     for i in range(y.shape[0] // QK_K):
         xb = x[i * Q6_K_SIZE:(i + 1) * Q6_K_SIZE]
-        d = load_f16(xb, 208)
+        d = load_f16(xb, Q6_K_D)
         for n in range(2):                 # 128-element halves
-            ql = xb[64 * n:64 * n + 64]
-            qh = xb[128 + 32 * n:128 + 32 * n + 32]
-            sc = xb[192 + 8 * n:192 + 8 * n + 8]
+            ql = xb[Q6_K_QL + 64 * n:Q6_K_QL + 64 * n + 64]
+            qh = xb[Q6_K_QH + 32 * n:Q6_K_QH + 32 * n + 32]
+            sc = xb[Q6_K_SCALES + 8 * n:Q6_K_SCALES + 8 * n + 8]
             o = i * QK_K + 128 * n
             for l in range(32):
                 is_ = l // 16
@@ -610,13 +638,13 @@ def quantize_row_q8_K(x, y):
         for j in range(QK_K):   # nearest_int, in int32 lanes
             bits = np.float32(iscale * xb[j] + np.float32(12582912.0)).view(np.int32)
             q[j] = min(np.int32(127), np.int32((bits & np.int32(0x7FFFFF)) - np.int32(0x400000)))
-            yb[4 + j] = np.uint8(q[j] & 0xFF)
+            yb[Q8_K_QS + j] = np.uint8(q[j] & 0xFF)
         for g in range(QK_K // 16):
             bsum = np.int32(0)
             for j in range(16 * g, 16 * g + 16):
                 bsum += q[j]
-            yb[260 + 2 * g] = bsum & 0xFF
-            yb[261 + 2 * g] = (bsum >> 8) & 0xFF
+            yb[Q8_K_BSUMS + 2 * g] = bsum & 0xFF
+            yb[Q8_K_BSUMS + 2 * g + 1] = (bsum >> 8) & 0xFF
         _store_u32(yb, 0, np.float32(np.float32(1.0) / iscale).view(np.uint32))
 
 
@@ -626,7 +654,7 @@ def dequantize_row_q8_K(x, y):
         xb = x[i * Q8_K_SIZE:(i + 1) * Q8_K_SIZE]
         d = np.uint32(_u32(xb, 0)).view(np.float32)
         for j in range(QK_K):
-            y[i * QK_K + j] = d * np.float32(_wrap_i8(xb[4 + j]))
+            y[i * QK_K + j] = d * np.float32(_wrap_i8(xb[Q8_K_QS + j]))
 
 
 @_ref
@@ -659,23 +687,23 @@ def _k_lanes_ref(a, y, yo, scale_of, nsub, aux32):
     for e0 in range(0, QK_K, 8):
         scale = scale_of[e0 // per]
         for l in range(8):
-            aux32[l] += scale * (_i8(y, yo + 4 + e0 + l) * a[e0 + l])
+            aux32[l] += scale * (_i8(y, yo + Q8_K_QS + e0 + l) * a[e0 + l])
 
 
 @_ref
 def _k4_block_ref(x, xo, y, yo, a, sc, mn, aux32, sums):
     """The part of GGML's generic Q4_K/Q5_K dot products after the quants are unpacked into ``a``:
     the scale term goes into the 8 float lanes ``sums``; the min term is returned, to subtract."""
-    _scales_mins_k4(x, xo + 4, sc, mn)
+    _scales_mins_k4(x, xo + Q4_K_SCALES, sc, mn)
     sumi = 0
     for j in range(16):
-        sumi += _i16(y, yo + 260 + 2 * j) * mn[j // 2]
+        sumi += _i16(y, yo + Q8_K_BSUMS + 2 * j) * mn[j // 2]
     aux32[:] = 0
     _k_lanes_ref(a, y, yo, sc, 8, aux32)
     d = load_f16(x, xo) * _f32(y, yo)
     for l in range(8):
         sums[l] += d * np.float32(aux32[l])
-    dmin = load_f16(x, xo + 2) * _f32(y, yo)
+    dmin = load_f16(x, xo + Q4_K_DMIN) * _f32(y, yo)
     return dmin * np.float32(sumi)
 
 
@@ -693,7 +721,7 @@ def vec_dot_q4_K_q8_K_ref(n, x, y):
         xo, yo = i * Q4_K_SIZE, i * Q8_K_SIZE
         for j in range(4):  # chunk j: low nibbles = sub-block 2j, high nibbles = 2j+1
             for l in range(32):
-                q = _u8(x, xo + 16 + 32 * j + l)
+                q = _u8(x, xo + Q4_K_QS + 32 * j + l)
                 a[64 * j + l] = q & 0xF
                 a[64 * j + 32 + l] = q >> 4
         sumf -= _k4_block_ref(x, xo, y, yo, a, sc, mn, aux32, sums)
@@ -716,8 +744,8 @@ def vec_dot_q5_K_q8_K_ref(n, x, y):
         xo, yo = i * Q5_K_SIZE, i * Q8_K_SIZE
         for j in range(4):
             for l in range(32):
-                q = _u8(x, xo + 48 + 32 * j + l)
-                h = _u8(x, xo + 16 + l)
+                q = _u8(x, xo + Q5_K_QS + 32 * j + l)
+                h = _u8(x, xo + Q5_K_QH + l)
                 a[64 * j + l] = (q & 0xF) + (16 if (h >> (2 * j)) & 1 else 0)
                 a[64 * j + 32 + l] = (q >> 4) + (16 if (h >> (2 * j + 1)) & 1 else 0)
         sumf -= _k4_block_ref(x, xo, y, yo, a, sc, mn, aux32, sums)
@@ -738,7 +766,7 @@ def vec_dot_q6_K_q8_K_ref(n, x, y):
     for i in range(nb):
         xo, yo = i * Q6_K_SIZE, i * Q8_K_SIZE
         for h in range(2):  # two halves of 128 elements
-            ql, qh = xo + 64 * h, xo + 128 + 32 * h
+            ql, qh = xo + Q6_K_QL + 64 * h, xo + Q6_K_QH + 32 * h
             for l in range(32):
                 q1, q2, hh = _u8(x, ql + l), _u8(x, ql + 32 + l), _u8(x, qh + l)
                 a[128 * h + l] = ((q1 & 0xF) | (((hh >> 0) & 3) << 4)) - 32
@@ -746,10 +774,10 @@ def vec_dot_q6_K_q8_K_ref(n, x, y):
                 a[128 * h + l + 64] = ((q1 >> 4) | (((hh >> 4) & 3) << 4)) - 32
                 a[128 * h + l + 96] = ((q2 >> 4) | (((hh >> 6) & 3) << 4)) - 32
         for s in range(16):
-            sc[s] = _i8(x, xo + 192 + s)
+            sc[s] = _i8(x, xo + Q6_K_SCALES + s)
         aux32[:] = 0
         _k_lanes_ref(a, y, yo, sc, 16, aux32)
-        d = load_f16(x, xo + 208) * _f32(y, yo)
+        d = load_f16(x, xo + Q6_K_D) * _f32(y, yo)
         for l in range(8):
             sums[l] += d * np.float32(aux32[l])
     for l in range(8):
@@ -766,20 +794,20 @@ def vec_dot_q2_K_q8_K_ref(n, x, y):
         xo, yo = i * Q2_K_SIZE, i * Q8_K_SIZE
         summs = 0
         for j in range(16):
-            summs += _i16(y, yo + 260 + 2 * j) * (_u8(x, xo + j) >> 4)
-        dall = _f32(y, yo) * load_f16(x, xo + 80)
-        dmin = _f32(y, yo) * load_f16(x, xo + 82)
+            summs += _i16(y, yo + Q8_K_BSUMS + 2 * j) * (_u8(x, xo + Q2_K_SCALES + j) >> 4)
+        dall = _f32(y, yo) * load_f16(x, xo + Q2_K_D)
+        dmin = _f32(y, yo) * load_f16(x, xo + Q2_K_DMIN)
         isum = 0
         s = 0
         for k in range(2):           # two halves of 128 elements, 32 qs bytes each
             for j in range(4):       # shift 2j picks the 32-element group
                 for half in range(2):
-                    d = _u8(x, xo + s) & 0xF
+                    d = _u8(x, xo + Q2_K_SCALES + s) & 0xF
                     s += 1
                     isuml = 0
                     for l in range(16 * half, 16 * half + 16):
-                        q = (_u8(x, xo + 16 + 32 * k + l) >> (2 * j)) & 3
-                        isuml += _i8(y, yo + 4 + 128 * k + 32 * j + l) * q
+                        q = (_u8(x, xo + Q2_K_QS + 32 * k + l) >> (2 * j)) & 3
+                        isuml += _i8(y, yo + Q8_K_QS + 128 * k + 32 * j + l) * q
                     isum += d * isuml
         sumf += dall * np.float32(isum) - dmin * np.float32(summs)
     return sumf
@@ -801,16 +829,17 @@ def vec_dot_q3_K_q8_K_ref(n, x, y):
         for j in range(2):
             for g in range(4):
                 for l in range(32):
-                    q = (_u8(x, xo + 32 + 32 * j + l) >> (2 * g)) & 3
-                    a[128 * j + 32 * g + l] = q - (0 if (_u8(x, xo + l) >> m) & 1 else 4)
+                    q = (_u8(x, xo + Q3_K_QS + 32 * j + l) >> (2 * g)) & 3
+                    a[128 * j + 32 * g + l] = q - (0 if (_u8(x, xo + Q3_K_HMASK + l) >> m) & 1 else 4)
                 m += 1
+        so = xo + Q3_K_SCALES
         for j in range(16):
-            lo = (_u8(x, xo + 96 + j) & 0xF) if j < 8 else (_u8(x, xo + 96 + j - 8) >> 4)
-            hi = (_u8(x, xo + 104 + j % 4) >> (2 * (j // 4))) & 3
+            lo = (_u8(x, so + j) & 0xF) if j < 8 else (_u8(x, so + j - 8) >> 4)
+            hi = (_u8(x, so + 8 + j % 4) >> (2 * (j // 4))) & 3
             sc[j] = (lo | (hi << 4)) - 32
         aux32[:] = 0
         _k_lanes_ref(a, y, yo, sc, 16, aux32)
-        d = load_f16(x, xo + 108) * _f32(y, yo)
+        d = load_f16(x, xo + Q3_K_D) * _f32(y, yo)
         for l in range(8):
             sums[l] += d * np.float32(aux32[l])
     for l in range(8):
@@ -840,8 +869,8 @@ def _k4_scales_mins(x, o):
 def _k4_head(x, xb):
     """The head of the Q4_K/Q5_K block at x[xb]: d, dmin, the scales and mins (``_k4_scales_mins``)
     and the mins alone."""
-    ms = _k4_scales_mins(x, xb + 4)
-    return _F16[load_u16(x, xb)], _F16[load_u16(x, xb + 2)], ms, hi_half(ms)
+    ms = _k4_scales_mins(x, xb + Q4_K_SCALES)
+    return _F16[load_u16(x, xb)], _F16[load_u16(x, xb + Q4_K_DMIN)], ms, hi_half(ms)
 
 
 @njit(inline="always")
@@ -849,7 +878,7 @@ def _k4_min_prod(mins, y, yb):
     """4 int32 lanes m[2u]·q8s[2u] + m[2u+1]·q8s[2u+1], where q8s[s] = bsums[2s] + bsums[2s+1] is
     the sum of the 32 activations of sub-block s (GGML: _mm_hadd_epi16 + _mm_madd_epi16). With
     the mins of two rows side by side (``dot2_*``), 4 lanes for each."""
-    return madd(mins, widen_as(hadd_pairs(load_i16x16(y, yb + 260)), mins))
+    return madd(mins, widen_as(hadd_pairs(load_i16x16(y, yb + Q8_K_BSUMS)), mins))
 
 
 @njit(inline="always")
@@ -863,14 +892,14 @@ def _k4_sumi_parts(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc):
     (``dot2_*``), 8 lanes for each row, the activations read once for both. Four partial sums
     added at the end (exact integers, so any order gives GGML's lanes): one chain of eight
     accumulating ``vpdpwssd`` (5 cycles each) was the critical path of a one-column block."""
-    s0 = madd_acc(madd(pick16(sc, 0, 0), maddubs(l0, widen_as(load_i8x32(y, yb + 4), l0))),
-                  pick16(sc, 1, 1), maddubs(h0, widen_as(load_i8x32(y, yb + 36), l0)))
-    s1 = madd_acc(madd(pick16(sc, 2, 2), maddubs(l1, widen_as(load_i8x32(y, yb + 68), l0))),
-                  pick16(sc, 3, 3), maddubs(h1, widen_as(load_i8x32(y, yb + 100), l0)))
-    s2 = madd_acc(madd(pick16(sc, 4, 4), maddubs(l2, widen_as(load_i8x32(y, yb + 132), l0))),
-                  pick16(sc, 5, 5), maddubs(h2, widen_as(load_i8x32(y, yb + 164), l0)))
-    s3 = madd_acc(madd(pick16(sc, 6, 6), maddubs(l3, widen_as(load_i8x32(y, yb + 196), l0))),
-                  pick16(sc, 7, 7), maddubs(h3, widen_as(load_i8x32(y, yb + 228), l0)))
+    s0 = madd_acc(madd(pick16(sc, 0, 0), maddubs(l0, widen_as(load_i8x32(y, yb + Q8_K_QS), l0))),
+                  pick16(sc, 1, 1), maddubs(h0, widen_as(load_i8x32(y, yb + Q8_K_QS + 32), l0)))
+    s1 = madd_acc(madd(pick16(sc, 2, 2), maddubs(l1, widen_as(load_i8x32(y, yb + Q8_K_QS + 64), l0))),
+                  pick16(sc, 3, 3), maddubs(h1, widen_as(load_i8x32(y, yb + Q8_K_QS + 96), l0)))
+    s2 = madd_acc(madd(pick16(sc, 4, 4), maddubs(l2, widen_as(load_i8x32(y, yb + Q8_K_QS + 128), l0))),
+                  pick16(sc, 5, 5), maddubs(h2, widen_as(load_i8x32(y, yb + Q8_K_QS + 160), l0)))
+    s3 = madd_acc(madd(pick16(sc, 6, 6), maddubs(l3, widen_as(load_i8x32(y, yb + Q8_K_QS + 192), l0))),
+                  pick16(sc, 7, 7), maddubs(h3, widen_as(load_i8x32(y, yb + Q8_K_QS + 224), l0)))
     return s0, s1, s2, s3
 
 
@@ -892,14 +921,14 @@ def _q4_K_nibbles(q0, q1, q2, q3):
 
 @njit(inline="always")
 def _q4_K_unpack(x, xb):
-    return _q4_K_nibbles(load_i8x32(x, xb + 16), load_i8x32(x, xb + 48), load_i8x32(x, xb + 80),
-                         load_i8x32(x, xb + 112))
+    return _q4_K_nibbles(load_i8x32(x, xb + Q4_K_QS), load_i8x32(x, xb + Q4_K_QS + 32),
+                         load_i8x32(x, xb + Q4_K_QS + 64), load_i8x32(x, xb + Q4_K_QS + 96))
 
 
 @njit(inline="always")
 def _q4_K_unpack2(x, x2, xb):
-    return _q4_K_nibbles(_rows2(x, x2, xb + 16), _rows2(x, x2, xb + 48), _rows2(x, x2, xb + 80),
-                         _rows2(x, x2, xb + 112))
+    return _q4_K_nibbles(_rows2(x, x2, xb + Q4_K_QS), _rows2(x, x2, xb + Q4_K_QS + 32),
+                         _rows2(x, x2, xb + Q4_K_QS + 64), _rows2(x, x2, xb + Q4_K_QS + 96))
 
 
 @njit(inline="always")
@@ -907,11 +936,11 @@ def _q5_K_unpack(x, xb):
     """Q4_K's nibbles plus bit 2j (low) / 2j+1 (high) of qh[l] as +16."""
     m4 = splat_i8x32(0xF)
     b4 = splat_i8x32(0x10)
-    hb = load_i8x32(x, xb + 16)
-    q0 = load_i8x32(x, xb + 48)
-    q1 = load_i8x32(x, xb + 80)
-    q2 = load_i8x32(x, xb + 112)
-    q3 = load_i8x32(x, xb + 144)
+    hb = load_i8x32(x, xb + Q5_K_QH)
+    q0 = load_i8x32(x, xb + Q5_K_QS)
+    q1 = load_i8x32(x, xb + Q5_K_QS + 32)
+    q2 = load_i8x32(x, xb + Q5_K_QS + 64)
+    q3 = load_i8x32(x, xb + Q5_K_QS + 96)
     return (vor(vand(q0, m4), vand(vsll(hb, 4), b4)), vor(vand(vsrl(q0, 4), m4), vand(vsll(hb, 3), b4)),
             vor(vand(q1, m4), vand(vsll(hb, 2), b4)), vor(vand(vsrl(q1, 4), m4), vand(vsll(hb, 1), b4)),
             vor(vand(q2, m4), vand(hb, b4)), vor(vand(vsrl(q2, 4), m4), vand(vsrl(hb, 1), b4)),
@@ -932,8 +961,8 @@ def dot_q4_K_q8_K(n, x, y, yo):
         yb = yo + i * Q8_K_SIZE
         yd = load_f32(y, yb)
         d = yd * _F16[load_u16(x, xb)]
-        dmin = -yd * _F16[load_u16(x, xb + 2)]   # sign folded in, so the min term is an FMA too
-        ms = _k4_scales_mins(x, xb + 4)
+        dmin = -yd * _F16[load_u16(x, xb + Q4_K_DMIN)]   # sign folded in, so the min term is an FMA too
+        ms = _k4_scales_mins(x, xb + Q4_K_SCALES)
         acc_m = fma(splat_f32x4(dmin), to_f32(_k4_min_prod(hi_half(ms), y, yb)), acc_m)
         l0, h0, l1, h1, l2, h2, l3, h3 = _q4_K_unpack(x, xb)
         sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, bcast_half(ms, 0))
@@ -967,10 +996,11 @@ def _k4_min_table(n, y, yo, ycs, ybs, nc, acc):
     for i in range(n // QK_K):
         for g in range(nc // 8):
             yb = yo + 8 * g * ycs + i * ybs
-            q0, q1 = hadd_pairs(load_i16x16(y, yb + 260)), hadd_pairs(load_i16x16(y, yb + ycs + 260))
-            q2, q3 = hadd_pairs(load_i16x16(y, yb + 2 * ycs + 260)), hadd_pairs(load_i16x16(y, yb + 3 * ycs + 260))
-            q4, q5 = hadd_pairs(load_i16x16(y, yb + 4 * ycs + 260)), hadd_pairs(load_i16x16(y, yb + 5 * ycs + 260))
-            q6, q7 = hadd_pairs(load_i16x16(y, yb + 6 * ycs + 260)), hadd_pairs(load_i16x16(y, yb + 7 * ycs + 260))
+            bs = yb + Q8_K_BSUMS
+            q0, q1 = hadd_pairs(load_i16x16(y, bs)), hadd_pairs(load_i16x16(y, bs + ycs))
+            q2, q3 = hadd_pairs(load_i16x16(y, bs + 2 * ycs)), hadd_pairs(load_i16x16(y, bs + 3 * ycs))
+            q4, q5 = hadd_pairs(load_i16x16(y, bs + 4 * ycs)), hadd_pairs(load_i16x16(y, bs + 5 * ycs))
+            q6, q7 = hadd_pairs(load_i16x16(y, bs + 6 * ycs)), hadd_pairs(load_i16x16(y, bs + 7 * ycs))
             store_i16x16(acc, t, transpose_pairs(0, q0, q1, q2, q3, q4, q5, q6, q7))
             store_i16x16(acc, t + 32, transpose_pairs(1, q0, q1, q2, q3, q4, q5, q6, q7))
             store_i16x16(acc, t + 64, transpose_pairs(2, q0, q1, q2, q3, q4, q5, q6, q7))
@@ -1119,8 +1149,8 @@ def dot_cols2_q4_K_q8_K(n, x, x2, y, yo, ycs, ybs, nc, acc, out):
     for i in range(n // QK_K):
         xb = i * Q4_K_SIZE
         xd = concat(splat_f32x8(_F16[load_u16(x, xb)]), splat_f32x8(_F16[load_u16(x2, xb)]))
-        xdmin = concat(splat_f32x4(_F16[load_u16(x, xb + 2)]), splat_f32x4(_F16[load_u16(x2, xb + 2)]))
-        ms, ms2 = _k4_scales_mins(x, xb + 4), _k4_scales_mins(x2, xb + 4)
+        xdmin = concat(splat_f32x4(_F16[load_u16(x, xb + Q4_K_DMIN)]), splat_f32x4(_F16[load_u16(x2, xb + Q4_K_DMIN)]))
+        ms, ms2 = _k4_scales_mins(x, xb + Q4_K_SCALES), _k4_scales_mins(x2, xb + Q4_K_SCALES)
         mins = concat(hi_half(ms), hi_half(ms2))
         sc = concat(bcast_half(ms, 0), bcast_half(ms2, 0))
         l0, h0, l1, h1, l2, h2, l3, h3 = _q4_K_unpack2(x, x2, xb)
@@ -1153,8 +1183,8 @@ def dot_q5_K_q8_K(n, x, y, yo):
         yb = yo + i * Q8_K_SIZE
         yd = load_f32(y, yb)
         d = yd * _F16[load_u16(x, xb)]
-        dmin = -yd * _F16[load_u16(x, xb + 2)]
-        ms = _k4_scales_mins(x, xb + 4)
+        dmin = -yd * _F16[load_u16(x, xb + Q5_K_DMIN)]
+        ms = _k4_scales_mins(x, xb + Q5_K_SCALES)
         summs = _fmaf(dmin, np.float32(simd.hsum_i32(_k4_min_prod(hi_half(ms), y, yb))), summs)
         l0, h0, l1, h1, l2, h2, l3, h3 = _q5_K_unpack(x, xb)
         sumi = _k4_sumi(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, bcast_half(ms, 0))
@@ -1194,15 +1224,15 @@ def dot_cols_q5_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
 def _q6_K_unpack(x, xb, h):
     """The 4 vectors of 32 six-bit quants (0..63) of half h (128 elements): element l, l+32, l+64,
     l+96 of the half (docs/quant-formats.md §1.8); low 4 bits from ql, high 2 bits from qh."""
-    return _q6_K_quants(load_i8x32(x, xb + 64 * h), load_i8x32(x, xb + 64 * h + 32),
-                        load_i8x32(x, xb + 128 + 32 * h))
+    return _q6_K_quants(load_i8x32(x, xb + Q6_K_QL + 64 * h), load_i8x32(x, xb + Q6_K_QL + 64 * h + 32),
+                        load_i8x32(x, xb + Q6_K_QH + 32 * h))
 
 
 @njit(inline="always")
 def _q6_K_unpack2(x, x2, xb, h):
     """_q6_K_unpack of rows x and x2 side by side."""
-    return _q6_K_quants(_rows2(x, x2, xb + 64 * h), _rows2(x, x2, xb + 64 * h + 32),
-                        _rows2(x, x2, xb + 128 + 32 * h))
+    return _q6_K_quants(_rows2(x, x2, xb + Q6_K_QL + 64 * h), _rows2(x, x2, xb + Q6_K_QL + 64 * h + 32),
+                        _rows2(x, x2, xb + Q6_K_QH + 32 * h))
 
 
 @njit(inline="always")
@@ -1221,7 +1251,7 @@ def _q6_K_half(y, yb, h, q0, q1, q2, q3, sc):
     """Half h's Σ sc·q·q8: each 32-element vector spans 2 sub-blocks of 16, so its scale
     vector carries sc[2k] in lanes 0-7 and sc[2k+1] in lanes 8-15 (``pick16`` of ``sc``, the
     half's 8 scales in both 128-bit halves)."""
-    o = yb + 4 + 128 * h
+    o = yb + Q8_K_QS + 128 * h
     s0 = madd(pick16(sc, 0, 1), maddubs(q0, widen_as(load_i8x32(y, o), q0)))
     s1 = madd(pick16(sc, 2, 3), maddubs(q1, widen_as(load_i8x32(y, o + 32), q0)))
     s0 = madd_acc(s0, pick16(sc, 4, 5), maddubs(q2, widen_as(load_i8x32(y, o + 64), q0)))
@@ -1234,7 +1264,7 @@ def _q6_K_sumi(y, yb, a0, a1, a2, a3, b0, b1, b2, b3, sc16):
     """8 int32 lanes of Σ sc·(q−32)·q8 for one block: GGML computes Σ sc·q·q8 and subtracts
     32·Σ_s sc_s·bsum_s (madd of bsums and scales, shifted left by 5). With two rows' quants and
     scales side by side (``dot2_*``), 8 lanes for each."""
-    corr = vsll(madd(widen_as(load_i16x16(y, yb + 260), sc16), sc16), 5)
+    corr = vsll(madd(widen_as(load_i16x16(y, yb + Q8_K_BSUMS), sc16), sc16), 5)
     return vsub(vadd(_q6_K_half(y, yb, 0, a0, a1, a2, a3, bcast_half(sc16, 0)),
                      _q6_K_half(y, yb, 1, b0, b1, b2, b3, bcast_half(sc16, 1))), corr)
 
@@ -1246,8 +1276,8 @@ def dot_q6_K_q8_K(n, x, y, yo):
     for i in range(n // QK_K):
         xb = i * Q6_K_SIZE
         yb = yo + i * Q8_K_SIZE
-        d = load_f32(y, yb) * _F16[load_u16(x, xb + 208)]
-        sc16 = sext(load_i8x16(x, xb + 192))
+        d = load_f32(y, yb) * _F16[load_u16(x, xb + Q6_K_D)]
+        sc16 = sext(load_i8x16(x, xb + Q6_K_SCALES))
         a0, a1, a2, a3 = _q6_K_unpack(x, xb, 0)
         b0, b1, b2, b3 = _q6_K_unpack(x, xb, 1)
         sumi = _q6_K_sumi(y, yb, a0, a1, a2, a3, b0, b1, b2, b3, sc16)
@@ -1265,8 +1295,8 @@ def dot_cols_q6_K_q8_K(n, x, y, yo, ycs, ybs, nc, acc, out):
     _zero_cols(acc, nc, 1)
     for i in range(n // QK_K):
         xb = i * Q6_K_SIZE
-        xd = _F16[load_u16(x, xb + 208)]
-        sc16 = sext(load_i8x16(x, xb + 192))
+        xd = _F16[load_u16(x, xb + Q6_K_D)]
+        sc16 = sext(load_i8x16(x, xb + Q6_K_SCALES))
         a0, a1, a2, a3 = _q6_K_unpack(x, xb, 0)
         b0, b1, b2, b3 = _q6_K_unpack(x, xb, 1)
         for c in range(nc):
@@ -1285,8 +1315,8 @@ def dot2_q6_K_q8_K(n, x, x2, y, yo):
         xb = i * Q6_K_SIZE
         yb = yo + i * Q8_K_SIZE
         yd = load_f32(y, yb)
-        d = concat(splat_f32x8(yd * _F16[load_u16(x, xb + 208)]), splat_f32x8(yd * _F16[load_u16(x2, xb + 208)]))
-        sc16 = concat(sext(load_i8x16(x, xb + 192)), sext(load_i8x16(x2, xb + 192)))
+        d = concat(splat_f32x8(yd * _F16[load_u16(x, xb + Q6_K_D)]), splat_f32x8(yd * _F16[load_u16(x2, xb + Q6_K_D)]))
+        sc16 = concat(sext(load_i8x16(x, xb + Q6_K_SCALES)), sext(load_i8x16(x2, xb + Q6_K_SCALES)))
         a0, a1, a2, a3 = _q6_K_unpack2(x, x2, xb, 0)
         b0, b1, b2, b3 = _q6_K_unpack2(x, x2, xb, 1)
         sumi = _q6_K_sumi(y, yb, a0, a1, a2, a3, b0, b1, b2, b3, sc16)
@@ -1302,8 +1332,8 @@ def dot_cols2_q6_K_q8_K(n, x, x2, y, yo, ycs, ybs, nc, acc, out):
         store_f32x16(acc, 128 * c, zero)
     for i in range(n // QK_K):
         xb = i * Q6_K_SIZE
-        xd = concat(splat_f32x8(_F16[load_u16(x, xb + 208)]), splat_f32x8(_F16[load_u16(x2, xb + 208)]))
-        sc16 = concat(sext(load_i8x16(x, xb + 192)), sext(load_i8x16(x2, xb + 192)))
+        xd = concat(splat_f32x8(_F16[load_u16(x, xb + Q6_K_D)]), splat_f32x8(_F16[load_u16(x2, xb + Q6_K_D)]))
+        sc16 = concat(sext(load_i8x16(x, xb + Q6_K_SCALES)), sext(load_i8x16(x2, xb + Q6_K_SCALES)))
         a0, a1, a2, a3 = _q6_K_unpack2(x, x2, xb, 0)
         b0, b1, b2, b3 = _q6_K_unpack2(x, x2, xb, 1)
         for c in range(nc):
@@ -1352,7 +1382,8 @@ def _q3_hi(hb, k):
 @njit(inline="always")
 def _q3_K_scales(x, xb):
     """The 16 six-bit scales of the Q3_K block at x[xb], minus 32, as <16 x i16> (GGML's kmask trick)."""
-    a0, a1, a2 = load_u32(x, xb + 96), load_u32(x, xb + 100), load_u32(x, xb + 104)
+    so = xb + Q3_K_SCALES
+    a0, a1, a2 = load_u32(x, so), load_u32(x, so + 4), load_u32(x, so + 8)
     k2, k1 = 0x0F0F0F0F, 0x03030303
     sc = u32x4_to_i8x16((a0 & k2) | ((a2 & k1) << 4), (a1 & k2) | (((a2 >> 2) & k1) << 4),
                         ((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4), ((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4))
@@ -1367,33 +1398,33 @@ def _k23_unpack(x, i, q3):
     if q3:
         xb = i * Q3_K_SIZE
         scales = _q3_K_scales(x, xb)
-        hb0 = load_i8x32(x, xb)
-        c0, c1, c2, c3 = _crumbs(x, xb + 32)
-        c4, c5, c6, c7 = _crumbs(x, xb + 64)
-        return (_F16[load_u16(x, xb + 108)], np.float32(0.0), bcast_half(scales, 0), bcast_half(scales, 1),
+        hb0 = load_i8x32(x, xb + Q3_K_HMASK)
+        c0, c1, c2, c3 = _crumbs(x, xb + Q3_K_QS)
+        c4, c5, c6, c7 = _crumbs(x, xb + Q3_K_QS + 32)
+        return (_F16[load_u16(x, xb + Q3_K_D)], np.float32(0.0), bcast_half(scales, 0), bcast_half(scales, 1),
                 scales, hb0, vsrl(hb0, 4), c0, c1, c2, c3, c4, c5, c6, c7)
     xb = i * Q2_K_SIZE
     m4 = simd.splat_i8x16(0xF)
-    ms = load_i8x16(x, xb)
+    ms = load_i8x16(x, xb + Q2_K_SCALES)
     scales = sext(vand(ms, m4))
     none = splat_i8x32(0)
-    c0, c1, c2, c3 = _crumbs(x, xb + 16)
-    c4, c5, c6, c7 = _crumbs(x, xb + 48)
-    return (_F16[load_u16(x, xb + 80)], _F16[load_u16(x, xb + 82)], bcast_half(scales, 0), bcast_half(scales, 1),
-            sext(vand(vsrl(ms, 4), m4)), none, none, c0, c1, c2, c3, c4, c5, c6, c7)
+    c0, c1, c2, c3 = _crumbs(x, xb + Q2_K_QS)
+    c4, c5, c6, c7 = _crumbs(x, xb + Q2_K_QS + 32)
+    return (_F16[load_u16(x, xb + Q2_K_D)], _F16[load_u16(x, xb + Q2_K_DMIN)], bcast_half(scales, 0),
+            bcast_half(scales, 1), sext(vand(vsrl(ms, 4), m4)), none, none, c0, c1, c2, c3, c4, c5, c6, c7)
 
 
 @njit(inline="always")
 def _k23_sumi(c0, c1, c2, c3, c4, c5, c6, c7, hb0, hb1, q3, y, yb, sc0, sc1):
     """A Q2_K/Q3_K block's Σ_s sc_s · Σ q·q8 (``_k23_unpack``'s pieces) as 8 int32 lanes."""
-    return vadd(_k23_half(c0, c1, c2, c3, hb0, q3, y, yb + 4, sc0),
-                _k23_half(c4, c5, c6, c7, hb1, q3, y, yb + 132, sc1))
+    return vadd(_k23_half(c0, c1, c2, c3, hb0, q3, y, yb + Q8_K_QS, sc0),
+                _k23_half(c4, c5, c6, c7, hb1, q3, y, yb + Q8_K_QS + 128, sc1))
 
 
 @njit(inline="always")
 def _k2_min_prod(mins, y, yb):
     """Q2_K's Σ_s m_s·bsum_s of one block as 8 int32 lanes (madd of the 16 mins and bsums)."""
-    return madd(mins, load_i16x16(y, yb + 4 + QK_K))
+    return madd(mins, load_i16x16(y, yb + Q8_K_BSUMS))
 
 
 @njit(inline="always")
