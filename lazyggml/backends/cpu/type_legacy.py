@@ -13,7 +13,7 @@ from numba import njit
 
 from ... import types
 from ...cache import tie_cache
-from ...types import Type, blck_size, type_size
+from ...types import Type, blck_size, field_offset, type_size
 from . import simd, type_common
 from .simd import (bits_to_bytes, concat, dot4_acc, fma, hsum_f32x8, load_f32x8, load_i8x16, load_i8x32, load_u16,
                    load_u32, splat_f32x8, splat_i32x8, splat_i8x32, store_f32x8, to_f32, vabs, vand, vor, vsrl,
@@ -36,6 +36,18 @@ Q5_0_SIZE = type_size(Type.Q5_0)
 Q5_1_SIZE = type_size(Type.Q5_1)
 Q8_0_SIZE = type_size(Type.Q8_0)
 Q8_1_SIZE = type_size(Type.Q8_1)
+# where the fields the kernels read start in a block, from the same table (every d is at byte 0)
+Q4_0_QS = field_offset(Type.Q4_0, "qs")
+Q4_1_M = field_offset(Type.Q4_1, "m")
+Q4_1_QS = field_offset(Type.Q4_1, "qs")
+Q5_0_QH = field_offset(Type.Q5_0, "qh")
+Q5_0_QS = field_offset(Type.Q5_0, "qs")
+Q5_1_M = field_offset(Type.Q5_1, "m")
+Q5_1_QH = field_offset(Type.Q5_1, "qh")
+Q5_1_QS = field_offset(Type.Q5_1, "qs")
+Q8_0_QS = field_offset(Type.Q8_0, "qs")
+Q8_1_S = field_offset(Type.Q8_1, "s")
+Q8_1_QS = field_offset(Type.Q8_1, "qs")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -60,7 +72,7 @@ def quantize_row_q4_0(x, y):
         for j in range(16):
             xi0 = min(15, _wrap_i8(_c_int(xb[j] * id_ + np.float32(8.5))))
             xi1 = min(15, _wrap_i8(_c_int(xb[j + 16] * id_ + np.float32(8.5))))
-            yb[2 + j] = (xi0 & 0xFF) | ((xi1 << 4) & 0xFF)
+            yb[Q4_0_QS + j] = (xi0 & 0xFF) | ((xi1 << 4) & 0xFF)
 
 
 @_kernel
@@ -69,8 +81,8 @@ def dequantize_row_q4_0(x, y):
         xb = x[i * Q4_0_SIZE:(i + 1) * Q4_0_SIZE]
         d = load_f16(xb, 0)
         for j in range(16):
-            y[i * 32 + j] = np.float32((xb[2 + j] & 0xF) - 8) * d
-            y[i * 32 + j + 16] = np.float32((xb[2 + j] >> 4) - 8) * d
+            y[i * 32 + j] = np.float32((xb[Q4_0_QS + j] & 0xF) - 8) * d
+            y[i * 32 + j + 16] = np.float32((xb[Q4_0_QS + j] >> 4) - 8) * d
 
 
 @_kernel
@@ -84,11 +96,11 @@ def quantize_row_q4_1(x, y):
         d = (vmax - vmin) / np.float32(15.0)
         id_ = np.float32(1.0) / d if d != 0 else np.float32(0.0)
         store_f16(yb, 0, d)
-        store_f16(yb, 2, vmin)
+        store_f16(yb, Q4_1_M, vmin)
         for j in range(16):
             xi0 = min(15, _wrap_i8(_c_int((xb[j] - vmin) * id_ + np.float32(0.5))))
             xi1 = min(15, _wrap_i8(_c_int((xb[j + 16] - vmin) * id_ + np.float32(0.5))))
-            yb[4 + j] = (xi0 & 0xFF) | ((xi1 << 4) & 0xFF)
+            yb[Q4_1_QS + j] = (xi0 & 0xFF) | ((xi1 << 4) & 0xFF)
 
 
 @_kernel
@@ -96,10 +108,10 @@ def dequantize_row_q4_1(x, y):
     for i in range(y.shape[0] // QK4_1):
         xb = x[i * Q4_1_SIZE:(i + 1) * Q4_1_SIZE]
         d = load_f16(xb, 0)
-        m = load_f16(xb, 2)
+        m = load_f16(xb, Q4_1_M)
         for j in range(16):
-            y[i * 32 + j] = np.float32(xb[4 + j] & 0xF) * d + m
-            y[i * 32 + j + 16] = np.float32(xb[4 + j] >> 4) * d + m
+            y[i * 32 + j] = np.float32(xb[Q4_1_QS + j] & 0xF) * d + m
+            y[i * 32 + j + 16] = np.float32(xb[Q4_1_QS + j] >> 4) * d + m
 
 
 @_kernel
@@ -117,10 +129,10 @@ def quantize_row_q5_0(x, y):
         for j in range(16):
             xi0 = min(31, _wrap_i8(_c_int(xb[j] * id_ + np.float32(16.5)))) & 0xFF
             xi1 = min(31, _wrap_i8(_c_int(xb[j + 16] * id_ + np.float32(16.5)))) & 0xFF
-            yb[6 + j] = (xi0 & 0xF) | ((xi1 & 0xF) << 4)
+            yb[Q5_0_QS + j] = (xi0 & 0xF) | ((xi1 & 0xF) << 4)
             qh |= np.uint32(((xi0 & 0x10) >> 4) << j)
             qh |= np.uint32(((xi1 & 0x10) >> 4) << (j + 16))
-        _store_u32(yb, 2, qh)
+        _store_u32(yb, Q5_0_QH, qh)
 
 
 @_kernel
@@ -128,12 +140,12 @@ def dequantize_row_q5_0(x, y):
     for i in range(y.shape[0] // QK5_0):
         xb = x[i * Q5_0_SIZE:(i + 1) * Q5_0_SIZE]
         d = load_f16(xb, 0)
-        qh = _u32(xb, 2)
+        qh = _u32(xb, Q5_0_QH)
         for j in range(16):
             h0 = ((qh >> j) << 4) & 0x10
             h1 = (qh >> (j + 12)) & 0x10
-            y[i * 32 + j] = np.float32(np.int64((xb[6 + j] & 0xF) | h0) - 16) * d
-            y[i * 32 + j + 16] = np.float32(np.int64((xb[6 + j] >> 4) | h1) - 16) * d
+            y[i * 32 + j] = np.float32(np.int64((xb[Q5_0_QS + j] & 0xF) | h0) - 16) * d
+            y[i * 32 + j + 16] = np.float32(np.int64((xb[Q5_0_QS + j] >> 4) | h1) - 16) * d
 
 
 @_kernel
@@ -147,15 +159,15 @@ def quantize_row_q5_1(x, y):
         d = (vmax - vmin) / np.float32(31.0)
         id_ = np.float32(1.0) / d if d != 0 else np.float32(0.0)
         store_f16(yb, 0, d)
-        store_f16(yb, 2, vmin)
+        store_f16(yb, Q5_1_M, vmin)
         qh = np.uint32(0)
         for j in range(16):
             xi0 = _c_int((xb[j] - vmin) * id_ + np.float32(0.5)) & 0xFF
             xi1 = _c_int((xb[j + 16] - vmin) * id_ + np.float32(0.5)) & 0xFF
-            yb[8 + j] = (xi0 & 0xF) | ((xi1 & 0xF) << 4)
+            yb[Q5_1_QS + j] = (xi0 & 0xF) | ((xi1 & 0xF) << 4)
             qh |= np.uint32(((xi0 & 0x10) >> 4) << j)
             qh |= np.uint32(((xi1 & 0x10) >> 4) << (j + 16))
-        _store_u32(yb, 4, qh)
+        _store_u32(yb, Q5_1_QH, qh)
 
 
 @_kernel
@@ -163,13 +175,13 @@ def dequantize_row_q5_1(x, y):
     for i in range(y.shape[0] // QK5_1):
         xb = x[i * Q5_1_SIZE:(i + 1) * Q5_1_SIZE]
         d = load_f16(xb, 0)
-        m = load_f16(xb, 2)
-        qh = _u32(xb, 4)
+        m = load_f16(xb, Q5_1_M)
+        qh = _u32(xb, Q5_1_QH)
         for j in range(16):
             h0 = ((qh >> j) << 4) & 0x10
             h1 = (qh >> (j + 12)) & 0x10
-            y[i * 32 + j] = np.float32((xb[8 + j] & 0xF) | h0) * d + m
-            y[i * 32 + j + 16] = np.float32((xb[8 + j] >> 4) | h1) * d + m
+            y[i * 32 + j] = np.float32((xb[Q5_1_QS + j] & 0xF) | h0) * d + m
+            y[i * 32 + j + 16] = np.float32((xb[Q5_1_QS + j] >> 4) | h1) * d + m
 
 
 @_kernel
@@ -194,7 +206,7 @@ def quantize_row_q8_0(x, y):
     """block_q8_0 (34 B): d fp16 @0, qs[32] int8 @2 (quantize_row_q8_0_ref)."""
     for i in range(x.shape[0] // QK8_0):
         yb = y[i * Q8_0_SIZE:(i + 1) * Q8_0_SIZE]
-        d, _ = _quantize_block_q8(x[i * 32:(i + 1) * 32], yb[2:34])
+        d, _ = _quantize_block_q8(x[i * 32:(i + 1) * 32], yb[Q8_0_QS:Q8_0_QS + 32])
         store_f16(yb, 0, d)
 
 
@@ -204,7 +216,7 @@ def dequantize_row_q8_0(x, y):
         xb = x[i * Q8_0_SIZE:(i + 1) * Q8_0_SIZE]
         d = load_f16(xb, 0)
         for j in range(32):
-            y[i * 32 + j] = np.float32(_wrap_i8(xb[2 + j])) * d
+            y[i * 32 + j] = np.float32(_wrap_i8(xb[Q8_0_QS + j])) * d
 
 
 @_kernel
@@ -213,9 +225,9 @@ def quantize_row_q8_1(x, y):
     s = d * (sum of the integer q), not the sum of the floats (CUDA's q8_1 does that)."""
     for i in range(x.shape[0] // QK8_1):
         yb = y[i * Q8_1_SIZE:(i + 1) * Q8_1_SIZE]
-        d, qsum = _quantize_block_q8(x[i * 32:(i + 1) * 32], yb[4:36])
+        d, qsum = _quantize_block_q8(x[i * 32:(i + 1) * 32], yb[Q8_1_QS:Q8_1_QS + 32])
         store_f16(yb, 0, d)
-        store_f16(yb, 2, np.float32(qsum) * d)
+        store_f16(yb, Q8_1_S, np.float32(qsum) * d)
 
 
 @_kernel
@@ -225,7 +237,7 @@ def dequantize_row_q8_1(x, y):
         xb = x[i * Q8_1_SIZE:(i + 1) * Q8_1_SIZE]
         d = load_f16(xb, 0)
         for j in range(32):
-            y[i * 32 + j] = np.float32(_wrap_i8(xb[4 + j])) * d
+            y[i * 32 + j] = np.float32(_wrap_i8(xb[Q8_1_QS + j])) * d
 
 
 # =================================================================================================
@@ -255,7 +267,7 @@ def _q8_block_cpu(x, xo, y, yo):
 def quantize_row_q8_0_cpu(x, y):
     """x (float32[n]) -> Q8_0 row y, as GGML's x86 AVX2 quantize_row_q8_0."""
     for i in range(x.shape[0] // 32):
-        d, _ = _q8_block_cpu(x, 32 * i, y, Q8_0_SIZE * i + 2)
+        d, _ = _q8_block_cpu(x, 32 * i, y, Q8_0_SIZE * i + Q8_0_QS)
         store_f16(y, Q8_0_SIZE * i, d)
 
 
@@ -263,9 +275,9 @@ def quantize_row_q8_0_cpu(x, y):
 def quantize_row_q8_1_cpu(x, y):
     """x (float32[n]) -> Q8_1 row y (d, s = d*Σq, qs), as GGML's x86 AVX2 quantize_row_q8_1."""
     for i in range(x.shape[0] // 32):
-        d, qsum = _q8_block_cpu(x, 32 * i, y, 36 * i + 4)
-        store_f16(y, 36 * i, d)
-        store_f16(y, 36 * i + 2, d * np.float32(qsum))
+        d, qsum = _q8_block_cpu(x, 32 * i, y, Q8_1_SIZE * i + Q8_1_QS)
+        store_f16(y, Q8_1_SIZE * i, d)
+        store_f16(y, Q8_1_SIZE * i + Q8_1_S, d * np.float32(qsum))
 
 
 # =================================================================================================
@@ -280,7 +292,7 @@ def vec_dot_q8_0_q8_0_ref(n, x, y):
         xo, yo = i * Q8_0_SIZE, i * Q8_0_SIZE
         sumi = 0
         for j in range(32):
-            sumi += _i8(x, xo + 2 + j) * _i8(y, yo + 2 + j)
+            sumi += _i8(x, xo + Q8_0_QS + j) * _i8(y, yo + Q8_0_QS + j)
         sumf += np.float32(sumi) * (load_f16(x, xo) * load_f16(y, yo))
     return sumf
 
@@ -295,9 +307,9 @@ def vec_dot_q4_0_q8_0_ref(n, x, y):
         s0 = 0
         s1 = 0
         for j in range(16):
-            q = _u8(x, xo + 2 + j)
-            s0 += ((q & 0xF) - 8) * _i8(y, yo + 2 + j)
-            s1 += ((q >> 4) - 8) * _i8(y, yo + 2 + j + 16)
+            q = _u8(x, xo + Q4_0_QS + j)
+            s0 += ((q & 0xF) - 8) * _i8(y, yo + Q8_0_QS + j)
+            s1 += ((q >> 4) - 8) * _i8(y, yo + Q8_0_QS + j + 16)
         sumf += np.float32(s0 + s1) * load_f16(x, xo) * load_f16(y, yo)
     return sumf
 
@@ -312,10 +324,11 @@ def vec_dot_q4_1_q8_1_ref(n, x, y):
         s0 = 0
         s1 = 0
         for j in range(16):
-            q = _u8(x, xo + 4 + j)
-            s0 += (q & 0xF) * _i8(y, yo + 4 + j)
-            s1 += (q >> 4) * _i8(y, yo + 4 + j + 16)
-        sumf += (load_f16(x, xo) * load_f16(y, yo)) * np.float32(s0 + s1) + load_f16(x, xo + 2) * load_f16(y, yo + 2)
+            q = _u8(x, xo + Q4_1_QS + j)
+            s0 += (q & 0xF) * _i8(y, yo + Q8_1_QS + j)
+            s1 += (q >> 4) * _i8(y, yo + Q8_1_QS + j + 16)
+        sumf += ((load_f16(x, xo) * load_f16(y, yo)) * np.float32(s0 + s1)
+                 + load_f16(x, xo + Q4_1_M) * load_f16(y, yo + Q8_1_S))
     return sumf
 
 
@@ -325,15 +338,15 @@ def vec_dot_q5_0_q8_0_ref(n, x, y):
     sumf = np.float32(0.0)
     for i in range(n // 32):
         xo, yo = i * Q5_0_SIZE, i * Q8_0_SIZE
-        qh = _u32(x, xo + 2)
+        qh = _u32(x, xo + Q5_0_QH)
         s0 = 0
         s1 = 0
         for j in range(16):
-            q = _u8(x, xo + 6 + j)
+            q = _u8(x, xo + Q5_0_QS + j)
             xh0 = np.int32(((qh >> j) << 4) & 0x10)
             xh1 = np.int32((qh >> (j + 12)) & 0x10)
-            s0 += (((q & 0xF) | xh0) - 16) * _i8(y, yo + 2 + j)
-            s1 += (((q >> 4) | xh1) - 16) * _i8(y, yo + 2 + j + 16)
+            s0 += (((q & 0xF) | xh0) - 16) * _i8(y, yo + Q8_0_QS + j)
+            s1 += (((q >> 4) | xh1) - 16) * _i8(y, yo + Q8_0_QS + j + 16)
         sumf += (load_f16(x, xo) * load_f16(y, yo)) * np.float32(s0 + s1)
     return sumf
 
@@ -344,16 +357,17 @@ def vec_dot_q5_1_q8_1_ref(n, x, y):
     sumf = np.float32(0.0)
     for i in range(n // 32):
         xo, yo = i * Q5_1_SIZE, i * Q8_1_SIZE
-        qh = _u32(x, xo + 4)
+        qh = _u32(x, xo + Q5_1_QH)
         s0 = 0
         s1 = 0
         for j in range(16):
-            q = _u8(x, xo + 8 + j)
+            q = _u8(x, xo + Q5_1_QS + j)
             xh0 = np.int32(((qh >> j) << 4) & 0x10)
             xh1 = np.int32((qh >> (j + 12)) & 0x10)
-            s0 += ((q & 0xF) | xh0) * _i8(y, yo + 4 + j)
-            s1 += ((q >> 4) | xh1) * _i8(y, yo + 4 + j + 16)
-        sumf += (load_f16(x, xo) * load_f16(y, yo)) * np.float32(s0 + s1) + load_f16(x, xo + 2) * load_f16(y, yo + 2)
+            s0 += ((q & 0xF) | xh0) * _i8(y, yo + Q8_1_QS + j)
+            s1 += ((q >> 4) | xh1) * _i8(y, yo + Q8_1_QS + j + 16)
+        sumf += ((load_f16(x, xo) * load_f16(y, yo)) * np.float32(s0 + s1)
+                 + load_f16(x, xo + Q5_1_M) * load_f16(y, yo + Q8_1_S))
     return sumf
 
 
@@ -364,7 +378,7 @@ def vec_dot_q5_1_q8_1_ref(n, x, y):
 @njit(inline="always")
 def _q4_0_unpack(x, xb):
     """Q4_0's 16 bytes -> 32 signed quants: low nibbles are elements 0-15, high 16-31, minus 8."""
-    raw = load_i8x16(x, xb + 2)
+    raw = load_i8x16(x, xb + Q4_0_QS)
     m4 = simd.splat_i8x16(0xF)
     q = concat(vand(raw, m4), vand(vsrl(raw, 4), m4))
     return vsub(q, splat_i8x32(8))
@@ -378,8 +392,8 @@ def dot_q8_0_q8_0(n, x, y, yo):
         xb = i * Q8_0_SIZE
         yb = yo + i * Q8_0_SIZE
         d = _F16[load_u16(x, xb)] * _F16[load_u16(y, yb)]
-        qx = load_i8x32(x, xb + 2)
-        acc = fma(splat_f32x8(d), _q8_block_f32(vabs(qx), qx, load_i8x32(y, yb + 2)), acc)
+        qx = load_i8x32(x, xb + Q8_0_QS)
+        acc = fma(splat_f32x8(d), _q8_block_f32(vabs(qx), qx, load_i8x32(y, yb + Q8_0_QS)), acc)
     return hsum_f32x8(acc)
 
 
@@ -397,7 +411,7 @@ def dot_q4_0_q8_0(n, x, y, yo):
         yb = yo + i * Q8_0_SIZE
         d = _F16[load_u16(x, xb)] * _F16[load_u16(y, yb)]
         qx = _q4_0_unpack(x, xb)
-        acc = fma(splat_f32x8(d), _q8_block_f32(vabs(qx), qx, load_i8x32(y, yb + 2)), acc)
+        acc = fma(splat_f32x8(d), _q8_block_f32(vabs(qx), qx, load_i8x32(y, yb + Q8_0_QS)), acc)
     return hsum_f32x8(acc)
 
 
@@ -416,10 +430,10 @@ def _q8_0_cols_4(x, xb0, xbs, y, yb0, ybs, ycs, nc, acc, q4):
         x2 = _q4_0_unpack(x, xb0 + 2 * xbs)
         x3 = _q4_0_unpack(x, xb0 + 3 * xbs)
     else:
-        x0 = load_i8x32(x, xb0 + 2)
-        x1 = load_i8x32(x, xb0 + xbs + 2)
-        x2 = load_i8x32(x, xb0 + 2 * xbs + 2)
-        x3 = load_i8x32(x, xb0 + 3 * xbs + 2)
+        x0 = load_i8x32(x, xb0 + Q8_0_QS)
+        x1 = load_i8x32(x, xb0 + xbs + Q8_0_QS)
+        x2 = load_i8x32(x, xb0 + 2 * xbs + Q8_0_QS)
+        x3 = load_i8x32(x, xb0 + 3 * xbs + Q8_0_QS)
     a0, a1, a2, a3 = vabs(x0), vabs(x1), vabs(x2), vabs(x3)
     d0 = _F16[load_u16(x, xb0)]
     d1 = _F16[load_u16(x, xb0 + xbs)]
@@ -428,13 +442,13 @@ def _q8_0_cols_4(x, xb0, xbs, y, yb0, ybs, ycs, nc, acc, q4):
     for c in range(nc):
         yb = yb0 + c * ycs
         a = load_f32x8(acc, 64 * c)
-        a = fma(splat_f32x8(d0 * _F16[load_u16(y, yb)]), _q8_block_f32(a0, x0, load_i8x32(y, yb + 2)), a)
+        a = fma(splat_f32x8(d0 * _F16[load_u16(y, yb)]), _q8_block_f32(a0, x0, load_i8x32(y, yb + Q8_0_QS)), a)
         yb += ybs
-        a = fma(splat_f32x8(d1 * _F16[load_u16(y, yb)]), _q8_block_f32(a1, x1, load_i8x32(y, yb + 2)), a)
+        a = fma(splat_f32x8(d1 * _F16[load_u16(y, yb)]), _q8_block_f32(a1, x1, load_i8x32(y, yb + Q8_0_QS)), a)
         yb += ybs
-        a = fma(splat_f32x8(d2 * _F16[load_u16(y, yb)]), _q8_block_f32(a2, x2, load_i8x32(y, yb + 2)), a)
+        a = fma(splat_f32x8(d2 * _F16[load_u16(y, yb)]), _q8_block_f32(a2, x2, load_i8x32(y, yb + Q8_0_QS)), a)
         yb += ybs
-        a = fma(splat_f32x8(d3 * _F16[load_u16(y, yb)]), _q8_block_f32(a3, x3, load_i8x32(y, yb + 2)), a)
+        a = fma(splat_f32x8(d3 * _F16[load_u16(y, yb)]), _q8_block_f32(a3, x3, load_i8x32(y, yb + Q8_0_QS)), a)
         store_f32x8(acc, 64 * c, a)
 
 
@@ -443,12 +457,12 @@ def _q8_0_cols_1(x, xb, y, yb0, ycs, nc, acc, q4):
     if q4:
         qx = _q4_0_unpack(x, xb)
     else:
-        qx = load_i8x32(x, xb + 2)
+        qx = load_i8x32(x, xb + Q8_0_QS)
     ax = vabs(qx)
     dx = _F16[load_u16(x, xb)]
     for c in range(nc):
         yb = yb0 + c * ycs
-        a = fma(splat_f32x8(dx * _F16[load_u16(y, yb)]), _q8_block_f32(ax, qx, load_i8x32(y, yb + 2)),
+        a = fma(splat_f32x8(dx * _F16[load_u16(y, yb)]), _q8_block_f32(ax, qx, load_i8x32(y, yb + Q8_0_QS)),
                 load_f32x8(acc, 64 * c))
         store_f32x8(acc, 64 * c, a)
 
@@ -492,10 +506,10 @@ def _q5_high_bits(x, o):
 def _legacy_unpack(x, xb, kind):
     """One block's 32 quants: kind 0 = Q4_1 (0..15), 1 = Q5_0 (−16..15), 2 = Q5_1 (0..31)."""
     if kind == 0:
-        return _nibbles(x, xb + 4)
+        return _nibbles(x, xb + Q4_1_QS)
     if kind == 1:
-        return vsub(vor(_nibbles(x, xb + 6), _q5_high_bits(x, xb + 2)), splat_i8x32(16))
-    return vor(_nibbles(x, xb + 8), _q5_high_bits(x, xb + 4))
+        return vsub(vor(_nibbles(x, xb + Q5_0_QS), _q5_high_bits(x, xb + Q5_0_QH)), splat_i8x32(16))
+    return vor(_nibbles(x, xb + Q5_1_QS), _q5_high_bits(x, xb + Q5_1_QH))
 
 
 @njit(inline="always")
@@ -505,9 +519,10 @@ def _legacy_block(x, xb, y, yb, kind, qx, acc, summs):
     compiles it)."""
     d = _F16[load_u16(x, xb)] * _F16[load_u16(y, yb)]
     if kind == 1:
-        return fma(splat_f32x8(d), _q8_block_f32(vabs(qx), qx, load_i8x32(y, yb + 2)), acc), summs
-    summs = _fmaf(_F16[load_u16(x, xb + 2)], _F16[load_u16(y, yb + 2)], summs)
-    return fma(splat_f32x8(d), to_f32(dot4_acc(splat_i32x8(0), qx, load_i8x32(y, yb + 4))), acc), summs
+        return fma(splat_f32x8(d), _q8_block_f32(vabs(qx), qx, load_i8x32(y, yb + Q8_0_QS)), acc), summs
+    xm = Q4_1_M if kind == 0 else Q5_1_M
+    summs = _fmaf(_F16[load_u16(x, xb + xm)], _F16[load_u16(y, yb + Q8_1_S)], summs)
+    return fma(splat_f32x8(d), to_f32(dot4_acc(splat_i32x8(0), qx, load_i8x32(y, yb + Q8_1_QS))), acc), summs
 
 
 @njit(inline="always")
