@@ -41,6 +41,7 @@ from .models.hparams import HParams, check_tensors
 from .tokenizer import Tokenizer
 from .sampling import Sampler
 from . import testing
+from .models.batch import Batch
 from .models.runner import load_model
 
 # every tensor type under its GGML name, as ggml.h's GGML_TYPE_*: lg.F32, lg.Q4_K, ... (types.Type)

@@ -450,14 +450,14 @@ def test_decode_graphs_are_kept_per_kv_window(tmp_path, monkeypatch):
     first = decode_at(0)
     for depth in (300, 600, 900):
         decode_at(depth)
-    steps = [k for k in built if k[0] == 1 and k[2]]          # (new schedulers reserve with (1, n_ctx, False))
-    assert steps == [(1, 256, True), (1, 512, True), (1, 768, True), (1, 1024, True)]
+    steps = [k for k in built if k[0] == 1 and k[1] != 1280]  # (new schedulers reserve with (1, n_ctx, 1))
+    assert steps == [(1, 256, 1), (1, 512, 1), (1, 768, 1), (1, 1024, 1)]
     built.clear()
     again = decode_at(0)
     assert not [k for k in built if k[0] == 1]               # window 256's graph, kept
     assert np.array_equal(again, first)
     decode_at(1050)                                          # a fifth window: 512's scheduler goes
-    assert len(model.graphs.decode) == graphs.DECODE_GRAPHS and (1, 512, True) not in model.graphs.decode
+    assert len(model.graphs.decode) == graphs.DECODE_GRAPHS and (1, 512, 1) not in model.graphs.decode
     fresh = lg.load_model(path)
     for depth in (600, 1050):
         fresh.reset()
@@ -479,16 +479,15 @@ def test_prompt_graphs_are_kept_per_shape(tmp_path, monkeypatch):
     real = model.graphs.build
     monkeypatch.setattr(model.graphs, "build", lambda sched, *key: built.append(key) or real(sched, *key))
     first = model.eval(toks[:200], logits_all=False)            # micro-batches of 64, 64, 64, 8
-    # (new schedulers reserve with (64, n_ctx, False))
-    assert [k for k in built if k[0] > 1 and k[1] != 512] == [(64, 64, False), (64, 128, False), (64, 192, False),
-                                              (8, 224, False)]
+    # (new schedulers reserve with (64, n_ctx, 1)); keys: (tokens, KV window, rows of logits)
+    assert [k for k in built if k[0] > 1 and k[1] != 512] == [(64, 64, 1), (64, 128, 1), (64, 192, 1), (8, 224, 1)]
     built.clear()
     model.reset()
     assert np.array_equal(model.eval(toks[:200], logits_all=False), first)
     assert not built
     model.reset()
     model.eval(toks[:320], logits_all=False)                    # (64, 256), (64, 320): two new shapes
-    assert len(model.graphs.prompt) == graphs.PROMPT_GRAPHS and (64, 64, False) not in model.graphs.prompt
+    assert len(model.graphs.prompt) == graphs.PROMPT_GRAPHS and (64, 64, 1) not in model.graphs.prompt
 
 
 def test_prefill_longer_than_a_micro_batch(tmp_path):

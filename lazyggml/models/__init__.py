@@ -1,5 +1,6 @@
 """Models built from lazyggml ops: ``runner.py`` (``load_model``: a ``Model`` puts the rest together,
-``eval``, ``generate``), ``loader.py`` (weights placed by the op each tensor feeds, and loaded),
+``eval``, ``decode``, ``generate``), ``batch.py`` (a batch of tokens from many sequences, checked and
+cut into micro-batches), ``loader.py`` (weights placed by the op each tensor feeds, and loaded),
 ``kv_cache.py`` (the KV cache: cells with positions and sequences, its layout and inputs),
 ``inputs.py`` (micro-batches and graph inputs that fill themselves from one), ``builder.py`` (the
 blocks graphs are built from), ``graphs.py`` (graphs kept per batch shape), ``archs.py`` (the

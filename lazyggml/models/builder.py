@@ -17,7 +17,8 @@ blocks that families share:
   causal mask, or on sliding-window layers (Gemma 3) the mask that also hides cells ``n_swa`` or
   more positions back, then the output projection;
 * ``ffn(il, h)``: the gated feed-forward network, ``down @ (silu(gate @ h) * (up @ h))``;
-* ``output(x)``: the last token's (or every token's) hidden state, normed, times ``output.weight``.
+* ``output(x)``: the hidden states of the tokens whose logits are wanted (every token's, or those
+  ``inp_out_ids`` lists), normed, times ``output.weight``.
 
 The graph's inputs are ``GraphInput`` objects (``inputs.py``) that fill themselves from a micro-batch:
 the builder makes the tokens' and positions', the KV cache (``kv_cache.py``) its cell indices and
@@ -40,14 +41,14 @@ __all__ = ["GraphBuilder"]
 class GraphBuilder:
     """One forward pass under construction: the model's ``weights`` (a ``loader.Weights``), its
     ``kv`` cache (a ``KVCache``), attention ``flash_attn`` or not, a micro-batch of ``n_tokens``
-    tokens over a window of ``n_kv`` cells, the logits of every token or of the last. ``build()``
+    tokens over a window of ``n_kv`` cells, the logits of ``n_outputs`` of them. ``build()``
     makes ``graph``, its ``inputs`` (``GraphInput``s, each filled from a ``UBatch``) and ``logits``
     (a ``GraphTensor``); ``pins`` are the (tensor, backend) pairs the scheduler must keep."""
 
-    def __init__(self, weights, kv, flash_attn, graph_size, n_tokens, n_kv, logits_all):
+    def __init__(self, weights, kv, flash_attn, graph_size, n_tokens, n_kv, n_outputs):
         self.weights, self.kv, self.flash_attn = weights, kv, flash_attn
         self.hp, self.w = weights.hp, weights.tensors
-        self.n_tokens, self.n_kv, self.logits_all = n_tokens, n_kv, logits_all
+        self.n_tokens, self.n_kv, self.n_outputs = n_tokens, n_kv, n_outputs
         self.ctx = Context()
         self.graph = Graph(graph_size)
         self.logits = None
@@ -61,7 +62,12 @@ class GraphBuilder:
             # F16 masks for flash attention, which takes no other (llama.cpp's are F16 there too),
             # F32 for soft_max_ext
             self.inp_kv = kv.build_input(ctx, n_tokens, n_kv, Type.F16 if flash_attn else Type.F32)
+            # which tokens' logits (llama.cpp's inp_out_ids), when not every token's
+            self.inp_out_ids = (GraphInput(ctx.new_tensor_1d(Type.I32, n_outputs), "inp_out_ids",
+                                           lambda inp, ub: inp.write(ub.out_ids)) if n_outputs < n_tokens else None)
         self.inputs = [self.inp_tokens, self.inp_pos, *self.inp_kv.inputs]
+        if self.inp_out_ids is not None:
+            self.inputs.append(self.inp_out_ids)
 
     def build(self):
         """Run the architecture's graph builder inside this builder's context; returns self."""
@@ -196,11 +202,12 @@ class GraphBuilder:
         return ops.cont(out) if k == 1 else out
 
     def output(self, x):
-        """The logits: of the last token only unless ``logits_all`` (the other rows are not needed
-        for sampling), marked as the graph's output and expanded into it."""
-        hp = self.hp
-        if not self.logits_all:
-            x = ops.view_2d(x, hp.n_embd, 1, x.nb[1], (self.n_tokens - 1) * x.nb[1])
+        """The logits of the tokens ``inp_out_ids`` lists (every token's without it), marked as the
+        graph's output and expanded into it. llama.cpp picks those rows before the last layer's FFN;
+        here they are picked after the last layer, so that a prompt's last logits are the bits of
+        llama.cpp's run with every token's logits (its ``logits_all``, what the tests compare with)."""
+        if self.inp_out_ids is not None:
+            x = ops.get_rows(x, self.inp_out_ids.tensor)
         logits = self.linear(self.norm(x, "output_norm.weight"), "output")
         logits.name = "result_output"
         set_output(logits)

@@ -1,7 +1,7 @@
 """A model's graphs, kept per batch shape (llama.cpp's graph reuse).
 
 A graph is built, split and allocated once per *shape class*: (tokens in the micro-batch, KV window,
-logits wanted). Each kept graph has a scheduler and compute buffers of its own; later steps of the
+rows of logits). Each kept graph has a scheduler and compute buffers of its own; later steps of the
 same shape only fill its inputs. Rebuilding one (build, split, allocate, plan, and on a GPU the
 first eager run and the CUDA graph capture) costs ~5 ms for the 3.7M model on the CPU and 50-150
 ms for 1B-8B models on a GPU. Prompt micro-batches (``PROMPT_GRAPHS`` of them: a prompt's
@@ -38,7 +38,7 @@ class StepGraph:
 
 class GraphCache:
     """The graphs of a model whose layers run on ``backends``: ``build(sched, n_tokens, n_kv,
-    logits_all)`` makes one (a built ``GraphBuilder`` whose pins are set in ``sched``); compute
+    n_outputs)`` makes one (a built ``GraphBuilder`` whose pins are set in ``sched``); compute
     buffers are reserved for ``n_batch`` tokens over ``n_ctx`` cells; ``parallel``: prompt
     schedulers run pipeline-parallel. ``sched`` is the first one, which the scheduler statistics
     are read from."""
@@ -53,7 +53,7 @@ class GraphCache:
             self.reserve(sched, n_tokens)
 
     def reserve(self, sched, n_tokens):
-        if not sched.reserve(self.build(sched, n_tokens, self.n_ctx, False).graph):
+        if not sched.reserve(self.build(sched, n_tokens, self.n_ctx, 1).graph):
             raise RuntimeError("the scheduler could not reserve the compute buffers")
 
     def alloc(self, sched, key):
@@ -66,10 +66,10 @@ class GraphCache:
             t.bind()
         return StepGraph(sched, b.graph, b.inputs, b.logits)
 
-    def get(self, n_tokens, n_kv, logits_all):
+    def get(self, n_tokens, n_kv, n_outputs):
         """The graph of this shape class: built the first time, then the least recently used one of
         its kind (prompt or decode) gives up its scheduler."""
-        key = (n_tokens, n_kv, logits_all)
+        key = (n_tokens, n_kv, n_outputs)
         decode = n_tokens == 1
         cache, limit = (self.decode, DECODE_GRAPHS) if decode else (self.prompt, PROMPT_GRAPHS)
         hit = cache.get(key)

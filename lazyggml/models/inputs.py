@@ -28,11 +28,13 @@ __all__ = ["UBatch", "GraphTensor", "GraphInput"]
 @dataclass
 class UBatch:
     """The tokens of one graph (llama.cpp's ``llama_ubatch``): ``tokens``, ``pos`` and ``seq_id``
-    (int32, one sequence per token), then the KV cache's ``cells`` (int64, where each token's key and
+    (int32, one sequence per token), ``out_ids`` (int32: the tokens whose logits the graph computes,
+    in order; None for every token), then the KV cache's ``cells`` (int64, where each token's key and
     value go) and ``n_kv`` (the window of cells attention reads), set by ``KVCache.prepare``."""
     tokens: np.ndarray
     pos: np.ndarray
     seq_id: np.ndarray
+    out_ids: np.ndarray = None
     cells: np.ndarray = None
     n_kv: int = 0
 
@@ -41,6 +43,11 @@ class UBatch:
         s = int(self.seq_id[0])
         #: the one sequence of every token, or None when they belong to several
         self.one_seq = s if self.n_tokens == 1 or (self.seq_id == s).all() else None
+
+    @property
+    def n_outputs(self):
+        """Rows of logits the graph computes."""
+        return self.n_tokens if self.out_ids is None else len(self.out_ids)
 
 
 class GraphTensor:

@@ -8,7 +8,8 @@ What a model is made of lives in rooms of its own, and ``Model`` puts them toget
   GPUs in consecutive runs); the scheduler follows them, with one split per device and the hidden
   state copied across;
 * ``kv_cache.py`` is the KV cache (``KVCache``: cells with positions and sequences, its layout and
-  its graph inputs); ``eval`` extends sequence 0;
+  its graph inputs); ``eval`` extends sequence 0, ``decode`` runs a ``Batch`` (``batch.py``) of
+  tokens from up to ``N_SEQ_MAX`` sequences, each seeing only its own sequence's cells;
 * ``builder.py`` builds a micro-batch's graph (the architecture's graph function from ``archs.py``)
   with its inputs (``inputs.py``), and ``graphs.py`` keeps the graphs per batch shape: one is built,
   split and allocated once and replayed while the KV window (padded to ``KV_PAD`` cells,
@@ -48,8 +49,9 @@ from .archs import get_arch
 from .builder import GraphBuilder
 from .graphs import GraphCache
 from .hparams import HParams, check_tensors
+from .batch import split
 from .inputs import UBatch
-from .kv_cache import KVCache
+from .kv_cache import N_SEQ_MAX, KVCache
 from .loader import load_weights
 
 __all__ = ["Model", "load_model", "offload_devices", "split_layers", "N_BATCH", "N_BATCH_GPU", "KV_PAD",
@@ -137,8 +139,9 @@ def split_layers(n_layer, n_gpu_layers, devices, tensor_split=None):
 class Model:
     """A loaded GGUF model (``lg.load_model``; llama.cpp's ``llama_model`` and one ``llama_context``):
     ``arch`` is its architecture's ``archs.Arch``, ``hp`` its ``HParams``, ``weights`` where its
-    tensors live (``loader.Weights``), ``kv`` its ``KVCache`` (sequence 0 is the one ``eval`` extends),
-    ``graphs`` its graphs per batch shape."""
+    tensors live (``loader.Weights``), ``kv`` its ``KVCache`` (sequence 0 is the one ``eval`` extends;
+    ``decode`` runs batches of several, which ``kv.seq_rm`` / ``seq_cp`` / ``seq_keep`` / ``seq_add``
+    edit), ``graphs`` its graphs per batch shape."""
 
     def __init__(self, path, n_gpu_layers=0, device=None, n_ctx=None, n_threads=None, progress=False,
                  tensor_split=None, n_batch=None, flash_attn=None, mmap=True, rpc=None, repack=True):
@@ -166,7 +169,7 @@ class Model:
                                     kv_layer_bytes=KVCache.layer_bytes(hp, self.n_ctx), n_ctx=self.n_ctx,
                                     mmap=mmap, repack=repack, progress=progress)
         self.flash_attn = self._pick_flash_attn(flash_attn)
-        self.kv = KVCache(hp, self.n_ctx, self.layer_backends, v_trans=not self.flash_attn)
+        self.kv = KVCache(hp, self.n_ctx, self.layer_backends, v_trans=not self.flash_attn, n_seq_max=N_SEQ_MAX)
         self._ub1 = UBatch(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32))
         on_gpu = self.layer_backends[-1] is not cpu
         self.n_batch = min(n_batch or (N_BATCH_GPU if on_gpu else N_BATCH), self.n_ctx)
@@ -230,14 +233,16 @@ class Model:
                              f"model's heads ({hp.n_embd_head_k} x {hp.n_head}/{hp.n_head_kv})")
         return bool(want)
 
-    def build_graph(self, n_tokens, n_kv, logits_all=True):
-        """The graph of a micro-batch of ``n_tokens`` tokens over ``n_kv`` cells: a built
-        ``GraphBuilder`` (its ``graph``, ``inputs`` and ``logits``)."""
-        return GraphBuilder(self.weights, self.kv, self.flash_attn, self.graph_size, n_tokens, n_kv, logits_all).build()
+    def build_graph(self, n_tokens, n_kv, n_outputs=None):
+        """The graph of a micro-batch of ``n_tokens`` tokens over ``n_kv`` cells with ``n_outputs`` rows
+        of logits (default: every token's): a built ``GraphBuilder`` (its ``graph``, ``inputs`` and
+        ``logits``)."""
+        return GraphBuilder(self.weights, self.kv, self.flash_attn, self.graph_size, n_tokens, n_kv,
+                            n_tokens if n_outputs is None else n_outputs).build()
 
-    def _build(self, sched, n_tokens, n_kv, logits_all):
+    def _build(self, sched, n_tokens, n_kv, n_outputs):
         """The graph of a micro-batch shape, with the builder's pinned tensors assigned in ``sched``."""
-        b = self.build_graph(n_tokens, n_kv, logits_all)
+        b = self.build_graph(n_tokens, n_kv, n_outputs)
         for t, backend in b.pins:
             sched.set_tensor_backend(t, backend)
         return b
@@ -258,23 +263,42 @@ class Model:
         nb = self.n_batch
         for i0 in range(0, len(tokens), nb):
             batch = tokens[i0:i0 + nb]
+            n, p0 = len(batch), self.n_past
+            if n == 1:    # a decode step: its micro-batch refilled in place
+                ub = self._ub1
+                ub.tokens[0], ub.pos[0] = batch[0], p0
+            else:
+                ub = UBatch(np.asarray(batch, np.int32), np.arange(p0, p0 + n, dtype=np.int32), np.zeros(n, np.int32),
+                            None if logits_all else np.array([n - 1], np.int32))
             if logits_all or i0 + nb >= len(tokens):
-                out.append(self._eval_batch(batch, logits_all))
+                out.append(self._run(ub))
             else:   # logits nobody reads: queue the batch and go on (devices overlap micro-batches)
-                self._eval_batch(batch, False, wait=False)
+                self._run(ub, wait=False)
         return np.concatenate(out) if logits_all else out[-1]
 
-    def _eval_batch(self, batch, logits_all, wait=True):
+    def decode(self, batch):
+        """Run a ``Batch`` of tokens from one or several sequences (llama.cpp's ``llama_decode``), in
+        micro-batches of up to ``n_batch`` tokens; return the float32 logits of the tokens whose
+        ``logits`` flag is set, one row each in batch order (``batch.output_rows()``), shape
+        (n_outputs, n_vocab). Each sequence's positions must continue its cells' (``kv.seq_pos_max``)
+        without gaps; ValueError names the first token that does not, or that does not fit."""
+        out = []
+        for ub in split(batch, self.n_batch, self.kv, self.hp.n_vocab):
+            if ub.n_outputs:
+                out.append(self._run(ub))
+            else:   # no logits wanted: the last token's computed, not read, and the batch queued
+                ub.out_ids = np.array([ub.n_tokens - 1], np.int32)
+                self._run(ub, wait=False)
+        return np.concatenate(out) if out else np.empty((0, self.hp.n_vocab), np.float32)
+
+    def _run(self, ub, wait=True):
+        """One micro-batch: its cells, its graph (of its shape class), its inputs, the run; the logits
+        (n_outputs, n_vocab), or None when not ``wait``ing (the graph queued)."""
         if self.kv.has_shift:
             self._shift()
-        n, p0 = len(batch), self.n_past
-        if n == 1:    # a decode step: its micro-batch refilled in place
-            ub = self._ub1
-            ub.tokens[0], ub.pos[0] = batch[0], p0
-        else:
-            ub = UBatch(np.asarray(batch, np.int32), np.arange(p0, p0 + n, dtype=np.int32), np.zeros(n, np.int32))
+        n = ub.n_tokens
         self.kv.prepare(ub, KV_PAD if n == 1 else KV_PAD_BATCH)
-        step = self.graphs.get(n, ub.n_kv, logits_all)
+        step = self.graphs.get(n, ub.n_kv, ub.n_outputs)
         for inp in step.inputs:
             inp.set_input(ub)
         if not wait:
@@ -286,7 +310,7 @@ class Model:
     def _shift(self):
         """Rotate the cached keys that ``kv.seq_add`` moved (llama.cpp's K shift, before the next
         batch): a graph of its own, run once on a scheduler of its own."""
-        b = GraphBuilder(self.weights, self.kv, self.flash_attn, self.graph_size, 0, 0, False).build_shift()
+        b = GraphBuilder(self.weights, self.kv, self.flash_attn, self.graph_size, 0, 0, 0).build_shift()
         sched = Scheduler(self.backends, graph_size=self.graph_size)
         if not sched.alloc_graph(b.graph):
             raise RuntimeError("the scheduler could not allocate the K shift's graph")
