@@ -8,9 +8,9 @@ answer lengths, some streams closed early; every answer must be the one its requ
 Steps:
 
 1. Start ``lazyggml serve`` (this interpreter's ``-m lazyggml.cli serve``) on a free port of
-   127.0.0.1, unless ``--url`` names a running one, in the configuration where a token's products
-   do not depend on the other tokens of its batch: ``LAZYGGML_LLAMAFILE=0 LAZYGGML_TILED_MM=0``,
-   ``-nr`` (no repacked weights) and ``-fa on`` (see ``tests/test_batch.py``'s docstring), with
+   127.0.0.1, unless ``--url`` names a running one, in the configuration where a token's results
+   do not depend on the other tokens of its batch (``--batch-invariant``: see
+   ``lazyggml.backends.cpu.set_column_order`` and ``tests/test_batch.py``'s docstring), with
    ``--max-queue`` = ``--requests`` and a short chat template (``--chat-template``: ChatML's ~35
    tokens would not fit the 32-token slots of 8 slots on the embedded model's 256-token context).
    A server of one's own (``--url``) should run so too, with a queue of at least ``--concurrency``.
@@ -35,11 +35,13 @@ Steps:
    ``--rss-growth-mb`` MB or ``--rss-growth-pct`` % from round 1 to the last round.
 
 Mismatches are classified from the reference's log-probabilities: a *near-tie* when, where the two
-texts part, both tokens were within ``NEAR_TIE`` of the most likely one. The engine does not keep a
-sequence's KV cells in position order once other slots free cells below them, and flash attention
-adds a query's cells in cell order in an F16 accumulator, so such a sequence's logits move by up to
-~0.07 and greedy choices within that flip. Near-ties fail the run unless ``--allow-near-ties``; any
-other mismatch (another sequence's data would move logits by whole units) always does.
+texts part, both tokens were within ``NEAR_TIE`` of the most likely one. A batch-invariant server
+(each slot's KV cells in position order in a range of its own, every product and attention in the
+order of one token alone) has none; a server in llama.cpp's orders (a ``--url`` one without
+``--batch-invariant``) moves logits by up to ~0.07 with what runs beside a sequence (flash attention's
+F16 accumulator in cell order, the products' tiled orders), and greedy choices within that flip.
+Near-ties fail the run unless ``--allow-near-ties``; any other mismatch (another sequence's data
+would move logits by whole units) always does.
 
 A summary is printed (requests, cancelled, mismatches, wall time, output tok/s, time to first token
 of streams), ending with one line ``SUMMARY {json}``; exit status 0 when every check passed, 1 when
@@ -76,7 +78,6 @@ assert len(set(WORDS)) >= 100
 #: a short chat template for a server started here: "user: ...\nassistant:" (a few tokens)
 SHORT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                   "{% if add_generation_prompt %}assistant:{% endif %}")
-DETERMINISTIC_ENV = {"LAZYGGML_LLAMAFILE": "0", "LAZYGGML_TILED_MM": "0"}
 
 
 class RunError(Exception):
@@ -99,15 +100,13 @@ class LocalServer:
         self.log = tempfile.NamedTemporaryFile("w+", prefix="lazyggml-serve-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "lazyggml.cli", "serve", *([args.model] if args.model else []),
                "--host", "127.0.0.1", "--port", str(self.port), "-np", str(args.parallel),
-               "-t", str(args.threads), "-nr", "-fa", "on", "--max-queue", str(max(args.requests, 1))]
+               "-t", str(args.threads), "--batch-invariant", "--max-queue", str(max(args.requests, 1))]
         if args.chat_template != "server":
             cmd += ["--chat-template", SHORT_TEMPLATE if args.chat_template == "short" else args.chat_template]
         if args.api_key:
             cmd += ["--api-key", args.api_key]
         self.cmd = cmd
-        env = dict(os.environ, **DETERMINISTIC_ENV)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.pid = self.proc.pid
 
     def check_alive(self):
@@ -573,7 +572,7 @@ def main(argv=None):
         if args.url is None:
             server = LocalServer(args)
             url = server.url
-            print(f"server: pid {server.pid}: {' '.join(server.cmd[1:])} (env {DETERMINISTIC_ENV})", flush=True)
+            print(f"server: pid {server.pid}: {' '.join(server.cmd[1:])}", flush=True)
         else:
             url = args.url.rstrip("/")
         return run(args, url, server, deadline)

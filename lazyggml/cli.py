@@ -1,4 +1,5 @@
-"""The ``lazyggml`` command line: ``demo``, ``generate``, ``chat``, ``info``, ``warmup`` and ``graph-demo``.
+"""The ``lazyggml`` command line: ``demo``, ``generate``, ``chat``, ``serve``, ``info``, ``warmup``,
+``rpc-server`` and ``graph-demo``.
 
 ``chat`` (and ``generate --chat``) write the conversation in the model's own chat template
 (``lazyggml.chat``). ``chat`` reads one user turn per line from stdin (with a ``> `` prompt on a
@@ -21,6 +22,7 @@ import time
 
 from . import __version__
 from .models.archs import ARCHITECTURES
+from .models.kv_cache import N_SEQ_MAX
 
 _T0 = time.perf_counter()  # process start, near enough: the CLI module is imported first
 
@@ -343,6 +345,52 @@ def _excluding(seconds, compile_s):
     return max(seconds - compile_s, 0.0), f"; {compile_s:.2f} s compiling kernels not counted"
 
 
+def _serve(args):
+    """``lazyggml serve`` (``lazyggml.serving.server``): load the model on a thread while the server
+    already answers (``/health``: 503 until loaded), then serve until Ctrl-C."""
+    try:
+        import uvicorn
+        from .serving.server import ServerState, create_app
+    except ImportError as e:
+        if (e.name or "").startswith("lazyggml"):
+            raise
+        raise RuntimeError(f"serve needs the server extra ({e.name} is missing): pip install 'lazyggml[server]'") from None
+    from .chat import ChatTemplateError
+    from .models import default_model_path
+    path = args.model or default_model_path()
+    _check_run_options(args)
+    if args.batch_invariant:
+        from .backends.cpu import set_column_order
+        set_column_order(True)
+        args.no_repack = True
+        if args.flash_attn == "off":
+            raise ValueError("--batch-invariant needs flash attention (-fa on or auto): without it a row's "
+                             "soft-max adds over every cell of the batch's window")
+        args.flash_attn = "on"
+    try:
+        template = _template(args, path)
+    except ChatTemplateError:
+        if args.chat_template is not None:
+            raise
+        template = None               # no template in the file: ChatML (server.CHATML)
+    notice = _FirstRunNotice()
+
+    def load():
+        from .compiling import CompileWatch
+        with CompileWatch(notice.on_start, notice.on_end):
+            try:
+                return _load(args, path, out=sys.stderr), template
+            finally:
+                notice.close()
+    name = args.alias or os.path.basename(path)
+    state = ServerState(load, n_parallel=args.parallel, api_key=args.api_key, max_queue=args.max_queue,
+                        model_name=name)
+    print(f"lazyggml: serving {name} on http://{args.host}:{args.port}/v1 with {args.parallel} slots "
+          f"(Ctrl-C stops)", file=sys.stderr)
+    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def _demo(args):
     from .models import default_model_path
     return _generate(args, default_model_path())
@@ -441,6 +489,16 @@ def build_parser():
         sp.add_argument("-n", "--n-predict", type=_number(int, 0), default=n_predict,
                         help=f"tokens to generate (default {n_predict}); generation also stops at the end of "
                              "the context or at an end-of-generation token")
+        model_args(sp)
+        sp.add_argument("--temp", type=_number(float, 0.0), default=0.8,
+                        help="sampling temperature; 0 picks the most likely token (default 0.8)")
+        sp.add_argument("--top-k", type=_number(int, 0), default=40,
+                        help="sample among the K most likely tokens; 0 means all (default 40)")
+        sp.add_argument("--top-p", type=_number(float, 0.0, 1.0, lo_open=True), default=0.95,
+                        help="sample among the most likely tokens whose probabilities add up to P (default 0.95)")
+        sp.add_argument("--seed", type=int, default=None, help="random seed of the sampler (default: random)")
+
+    def model_args(sp):
         sp.add_argument("-ngl", "--n-gpu-layers", type=_number(int, 0), default=0,
                         help="offload the last N layers (above the layer count: the output too)")
         sp.add_argument("--device", default=None,
@@ -464,13 +522,6 @@ def build_parser():
                              "instead of its repacked kernels' (llama.cpp's --no-repack)")
         sp.add_argument("-t", "--threads", type=_number(int, 1), default=None,
                         help="CPU threads (default and maximum: the CPUs this process may use; fewer while other programs keep CPUs busy)")
-        sp.add_argument("--temp", type=_number(float, 0.0), default=0.8,
-                        help="sampling temperature; 0 picks the most likely token (default 0.8)")
-        sp.add_argument("--top-k", type=_number(int, 0), default=40,
-                        help="sample among the K most likely tokens; 0 means all (default 40)")
-        sp.add_argument("--top-p", type=_number(float, 0.0, 1.0, lo_open=True), default=0.95,
-                        help="sample among the most likely tokens whose probabilities add up to P (default 0.95)")
-        sp.add_argument("--seed", type=int, default=None, help="random seed of the sampler (default: random)")
 
     d = sub.add_parser("demo", help="generate text with the embedded default model")
     sampling_args(d, "And God said", 48)
@@ -493,6 +544,27 @@ def build_parser():
     sampling_args(ch, None, 512)
     chat_args(ch)
     ch.set_defaults(fn=lambda args: _generate(args, body=_chat))
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server: many requests at once, continuously batched")
+    sv.add_argument("model", nargs="?", default=None,
+                    help="path of a GGUF file (default: the embedded model of lazyggml demo)")
+    model_args(sv)
+    sv.add_argument("--chat-template", default=None, metavar="FILE_OR_STRING",
+                    help="a Jinja chat template (a file, or the text itself) instead of the model's "
+                         "tokenizer.chat_template (a file without one gets ChatML)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=_number(int, 1, 65535), default=8080, help="TCP port (default 8080)")
+    sv.add_argument("-np", "--parallel", type=_number(int, 1, N_SEQ_MAX), default=4,
+                    help=f"slots: requests generated at once, each with ctx-size / N tokens of context "
+                         f"(default 4, at most {N_SEQ_MAX})")
+    sv.add_argument("--max-queue", type=_number(int, 0), default=256,
+                    help="requests that may wait for a slot; more are answered 503 (default 256)")
+    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (every endpoint but /health)")
+    sv.add_argument("--batch-invariant", action="store_true",
+                    help="answers that do not depend on what else the server runs (a seed gives the same text "
+                         "under any load): the CPU's products column by column in GGML's vec_dot order, flash "
+                         "attention on, no repacking (llama.cpp's orders change with the batch's size)")
+    sv.add_argument("--alias", default=None, help="the model's name in /v1/models and answers (default: the file's name)")
+    sv.set_defaults(fn=_serve)
     gd = sub.add_parser("graph-demo", help="build and compute a small graph, compared with NumPy")
     gd.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
     gd.set_defaults(fn=_graph_demo)

@@ -81,6 +81,29 @@ def test_seq_rm_frees_cells_that_the_next_batch_takes_first(hp):
     assert kv.seq_pos_max(0) == 4 and kv.used_max_p1 == 5
 
 
+def test_split_cells_keeps_each_sequence_in_its_range_in_position_order(hp):
+    """A server's slots (``split_cells``): cells another sequence freed below a sequence's own are not
+    handed to it, so its cells stay in position order; a full range is refused though others are free."""
+    kv = cache(hp, size=16, n_seq_max=4)
+    kv.split_cells(2)                                   # sequence 0: cells 0-7, sequence 1: cells 8-15
+    mixed = UBatch(np.zeros(5, np.int32), np.array([0, 0, 1, 1, 2], np.int32), np.array([1, 0, 1, 0, 1], np.int32))
+    assert kv.prepare(mixed, 4).cells.tolist() == [8, 0, 9, 1, 10]
+    kv.seq_rm(0, 1, -1)                                 # sequence 0 keeps its first token only
+    assert batch(kv, [3], seq=1).cells.tolist() == [11]          # not cell 1, freed below its own
+    assert batch(kv, [1, 2, 3], seq=0).cells.tolist() == [1, 2, 3]
+    with pytest.raises(ValueError, match="no room for 5 tokens in their sequences' ranges"):
+        batch(kv, [4, 5, 6, 7, 8], seq=1)               # 4 cells left in its range, 4 in the other's
+    with pytest.raises(ValueError, match="needs an empty cache"):
+        kv.split_cells(4)
+    kv.clear()
+    kv.split_cells(None)                                # the shared cache again
+    assert batch(kv, [0, 1], seq=1).cells.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="sequence 3 has no cells"):
+        kv.clear()
+        kv.split_cells(2)
+        batch(kv, [0], seq=3)
+
+
 def test_sequences_share_cells_and_see_only_their_own(hp):
     """seq_cp shares a prefix without copying; each token's mask shows its own sequence's cells;
     seq_keep drops every other sequence; a cell is empty once no sequence owns it."""

@@ -32,6 +32,7 @@ LAYERS = [
     ["lazyggml.quants", "lazyggml.gguf_io", "lazyggml.tokenizer", "lazyggml.sampling", "lazyggml.chat"],
     ["lazyggml.models.*", "lazyggml.testing", "lazyggml.op_cases"],
     ["lazyggml.warmup"],
+    ["lazyggml.serving.*"],       # the OpenAI-compatible server over models/ (continuous batching)
     ["lazyggml"],                 # the public API
     ["lazyggml.cli"],
 ]

@@ -15,6 +15,14 @@ micro-batch takes empty cells from ``head`` on (``prepare``, llama.cpp's ``find_
 repeat) under a mask that shows token i the cells of its sequence at positions up to its own (and,
 on sliding-window layers, fewer than ``n_swa`` back). A single sequence that only grows takes cells
 0, 1, 2 ... at positions 0, 1, 2 ...
+
+**Cells per sequence.** ``split_cells(n)`` gives sequences 0..n-1 a range of ``size // n`` cells
+each (a server's slots): a sequence's tokens then take the first empty cells of its own range.
+Flash attention adds a query's cells in cell order (into an F16 accumulator, as GGML does), so a
+sequence whose cells are not in position order gets different rounding (logits off by up to ~0.05);
+in the shared cache, cells another sequence freed would be handed to whichever sequence asks next.
+Within its own range, a sequence that only loses its tail (``seq_rm(s, p, -1)``, what a server's
+prompt cache does) keeps its cells in position order, so its logits are those of its run alone.
 """
 from __future__ import annotations
 
@@ -76,6 +84,7 @@ class KVCache:
         self.pos = np.empty(size, np.int32)       # each cell's position, -1 when empty
         self.seqs = np.empty(size, np.uint64)     # bit s: sequence s owns the cell
         self.shift = np.empty(size, np.int32)     # positions moved by seq_add since the keys were rotated
+        self.ranges = None                        # per sequence [c0, c1) of its cells (split_cells), or None
         self.clear()
 
     @staticmethod
@@ -185,6 +194,34 @@ class KVCache:
         self._seq_bit(seq_id)
         return int(self.pos_max[seq_id])
 
+    def split_cells(self, n_seq):
+        """Sequences 0..n_seq-1 each take cells only from a range of ``size // n_seq`` of their own
+        (the module's docstring says why); ``None``: the shared cache again. The cache must be empty."""
+        if self.n_used:
+            raise ValueError(f"KV cache: split_cells needs an empty cache ({self.n_used} cells are used)")
+        if n_seq is None:
+            self.ranges = None
+            return
+        if not 1 <= n_seq <= self.n_seq_max:
+            raise ValueError(f"KV cache: split_cells({n_seq}): 1..{self.n_seq_max} sequences")
+        step = self.size // n_seq
+        self.ranges = [(s * step, (s + 1) * step) for s in range(n_seq)]
+
+    def _find_in_ranges(self, ub):
+        """Each token's cell in its sequence's range: the first empty ones, in the batch's order."""
+        cells = np.empty(ub.n_tokens, np.int64)
+        for s in np.unique(ub.seq_id):
+            if s >= len(self.ranges):
+                raise ValueError(f"KV cache: sequence {s} has no cells (split_cells gave {len(self.ranges)} "
+                                 f"sequences a range)")
+            c0, c1 = self.ranges[s]
+            mine = np.flatnonzero(ub.seq_id == s)
+            empty = np.flatnonzero(self.pos[c0:c1] < 0)
+            if len(empty) < len(mine):
+                return None
+            cells[mine] = empty[:len(mine)] + c0
+        return cells
+
     # -- a micro-batch --------------------------------------------------------------------------------
     def find_slot(self, n_tokens):
         """The cells for ``n_tokens`` new tokens (llama.cpp's ``find_slot``, not contiguous): the
@@ -205,9 +242,10 @@ class KVCache:
     def prepare(self, ub, pad):
         """Give micro-batch ``ub`` its cells (they are its tokens' from now on) and the window of
         cells its graph reads: every used cell, rounded up to ``pad``."""
-        cells = self.find_slot(ub.n_tokens)
+        cells = self.find_slot(ub.n_tokens) if self.ranges is None else self._find_in_ranges(ub)
         if cells is None:
-            raise ValueError(f"KV cache: no room for {ub.n_tokens} tokens ({self.size - self.n_used} of "
+            where = "" if self.ranges is None else " in their sequences' ranges (split_cells)"
+            raise ValueError(f"KV cache: no room for {ub.n_tokens} tokens{where} ({self.size - self.n_used} of "
                              f"{self.size} cells free)")
         s, n = ub.one_seq, ub.n_tokens
         in_place = int(cells[0]) == int(ub.pos[0]) if n == 1 else (cells == ub.pos).all()   # cell = position

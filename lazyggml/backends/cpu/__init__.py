@@ -10,6 +10,18 @@ per-type table of those, ``dispatch`` the type switches generated from it
 """
 from .backend import (CPUBackend, CPUDevice, backend_cpu_init, cpu_buffer_type, cpu_device, registry,
                       set_n_threads)
+from . import attention, matmul, tiled
 
 __all__ = ["CPUBackend", "CPUDevice", "backend_cpu_init", "cpu_buffer_type", "cpu_device", "registry",
-           "set_n_threads"]
+           "set_column_order", "set_n_threads"]
+
+
+def set_column_order(on: bool = True):
+    """Every product and attention of this process in the order of one column alone (``on``): GGML's
+    vec_dot order (no llamafile sgemm, no tiled matmul: ``LAZYGGML_LLAMAFILE=0 LAZYGGML_TILED_MM=0``)
+    and flash attention's one-query path (no query tiles, no KV split). A token's result then does
+    not depend on the other tokens of its batch, so a server's answers do not depend on what else
+    it runs (``lazyggml serve --batch-invariant``; repacked weights, which have their own order, are
+    turned off at load). ``on=False`` restores llama.cpp's orders. For graphs planned afterwards."""
+    matmul.LLAMAFILE = tiled.TILED = not on
+    attention.ONE_QUERY_ORDER = on

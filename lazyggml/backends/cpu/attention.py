@@ -74,6 +74,9 @@ _NO_MASK = np.zeros((1, 1, 1, 1), np.uint32)
 _NO_PARTS = np.zeros((1, 1, 1), np.float32)
 _BLOCK = 8            # cells whose dot products the row-by-row path takes together
 _TILE = 64            # GGML_FA_TILE_Q = GGML_FA_TILE_KV: batches of >= 64 queries take the tiled path
+#: every query in the one-query order (cell by cell, VKQ16), whatever its batch: no tiles of queries
+#: for prompts, no KV window split over threads for one query (``cpu.set_column_order``)
+ONE_QUERY_ORDER = False
 _SPLIT_MIN_KV = 512   # one query over at least this many cells: the cells are split between threads
 ROW_CHUNKS_PER_THREAD = 2   # the row-by-row path's chunks on the pool, per thread
 
@@ -499,9 +502,10 @@ def flash_attn_forward(node, dst, srcs, params):
     v, vst = _flat(srcs[2])
     n_q, n_kv = q_t.ne[1], k_t.ne[1]
     same_kv = k_t.type == v_t.type
-    tiled = same_kv and n_q >= _TILE
+    tiled = same_kv and n_q >= _TILE and not ONE_QUERY_ORDER
     nth = params.nth
-    nchunk = nth if (same_kv and n_q == 1 and q_t.ne[3] == 1 and n_kv >= _SPLIT_MIN_KV) else 1
+    nchunk = nth if (same_kv and n_q == 1 and q_t.ne[3] == 1 and n_kv >= _SPLIT_MIN_KV
+                     and not ONE_QUERY_ORDER) else 1
     parts, stats = _NO_PARTS, _NO_PARTS
     if nchunk > 1:
         parts = np.empty((q_t.ne[2], nchunk, v_t.ne[0]), np.float32)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server: continuous batching, per-request sampling, constrained output."""
