@@ -142,7 +142,9 @@ class KVCache:
             self.pos_max[s] = p.max() if len(p) else -1
         owners = np.unique(self.seqs[used])
         owner = int(owners[0]) if len(owners) == 1 else 0          # one sequence's bit, or several
-        linear = owner & (owner - 1) == 0 and (self.pos[used] == np.arange(len(used))).all()
+        # cell = position for every used cell: cells 0, 1, 2 ... hold positions 0, 1, 2 ... and no other
+        linear = owner & (owner - 1) == 0 and (used == np.arange(len(used))).all() and (
+            self.pos[used] == np.arange(len(used))).all()
         self.linear = owner.bit_length() - 1 if owner and linear else None
 
     def seq_rm(self, seq_id, p0=-1, p1=-1):
