@@ -84,6 +84,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from run_info import end_child  # noqa: E402
 
 PAD = 256                 # llama.cpp pads n_ctx to this
 N_CTX_TRAIN = 65536       # the default model's training context (room for B = 64 of 512 + 128 and more)
@@ -339,16 +341,7 @@ class Child:
         return self._read()
 
     def close(self):
-        try:
-            self.p.stdin.write("quit\n")
-            self.p.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
+        end_child(self.p, 60)
         self.err.close()
 
 

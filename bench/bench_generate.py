@@ -75,7 +75,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import lazyggml as lg  # noqa: E402
-from run_info import cpu_model, git_commit, sched_policy  # noqa: E402
+from run_info import cpu_model, end_child, git_commit, sched_policy  # noqa: E402
 from lazyggml.gguf_io import read_gguf  # noqa: E402
 from lazyggml.models.hparams import HParams  # noqa: E402
 
@@ -199,16 +199,7 @@ class EngineChild:
         return r["prefill_s"], r["decode_s"]
 
     def close(self):
-        try:
-            self.p.stdin.write("quit\n")
-            self.p.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
+        end_child(self.p, 30)
 
 
 class Load:

@@ -389,15 +389,6 @@ def run_round(client, specs, args, rng, deadline):
 NEAR_TIE = 0.1
 
 
-def first_diff(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def classify(spec, ref, got):
     """Where a mismatch begins and how close the two choices were there, from the reference's own
     top-5 log-probabilities of each token, walked token by token while both texts take its token.
@@ -406,7 +397,7 @@ def classify(spec, ref, got):
     lines = [f"request {spec.i} ({spec.kind}, stream={spec.stream}, max_tokens={spec.max_tokens}) prompt={spec.text!r}",
              f"  reference: {ref['text']!r} finish={ref['finish']} usage={ref['usage']}",
              f"  got:       {got['text']!r} finish={got['finish']} usage={got['usage']}"]
-    k = first_diff(ref["text"], got["text"])
+    k = len(os.path.commonprefix([ref["text"], got["text"]]))
     if k == min(len(ref["text"]), len(got["text"])):
         lines.append("  one text begins the other (an end-of-generation token against a text token): not classified")
         return False, lines

@@ -51,3 +51,17 @@ def write_table(path, title, text):
     with open(path, "w") as f:
         f.write(f"# {title}\n\nProduced by `python {os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)} {' '.join(sys.argv[1:])}`"
                 f"\n\n{text}\n")
+
+
+def end_child(p, timeout):
+    """Ask a child engine (``quit`` on its stdin) to end, and kill it if it has not within ``timeout`` s."""
+    try:
+        p.stdin.write("quit\n")
+        p.stdin.close()
+    except OSError:
+        pass
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()

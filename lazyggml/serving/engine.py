@@ -33,6 +33,7 @@ import asyncio
 import codecs
 import collections
 import logging
+import os
 import queue
 import threading
 import time
@@ -394,12 +395,8 @@ class Engine:
 
 
 def _common_prefix(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """How many leading tokens ``a`` and ``b`` share."""
+    return len(os.path.commonprefix([a, b]))
 
 
 def _find_stop(text, sent, stops):

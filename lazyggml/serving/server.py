@@ -142,7 +142,9 @@ def _params(body, max_tokens_default, logprobs):
     return p
 
 
-async def _json_body(request):
+async def _json_body(request, state):
+    """The request's JSON object, once the model is loaded (else 503)."""
+    state.ready()
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
@@ -316,8 +318,7 @@ def create_app(state):
     @app.post("/v1/completions")
     @app.post("/completions")
     async def completions(http: HTTPRequest):
-        body = await _json_body(http)
-        state.ready()
+        body = await _json_body(http, state)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -332,8 +333,7 @@ def create_app(state):
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat_completions(http: HTTPRequest):
-        body = await _json_body(http)
-        state.ready()
+        body = await _json_body(http, state)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
@@ -347,8 +347,7 @@ def create_app(state):
 
     @app.post("/tokenize")
     async def tokenize(http: HTTPRequest):
-        body = await _json_body(http)
-        state.ready()
+        body = await _json_body(http, state)
         content = _field(body, "content", (str,), None)
         if content is None:
             raise APIError(400, "'content' (a string) is required", "content")
@@ -357,8 +356,7 @@ def create_app(state):
 
     @app.post("/detokenize")
     async def detokenize(http: HTTPRequest):
-        body = await _json_body(http)
-        state.ready()
+        body = await _json_body(http, state)
         toks = body.get("tokens")
         n = state.model.hp.n_vocab
         if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n
