@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import collections
+import dataclasses
 import logging
 import os
 import queue
@@ -145,7 +146,11 @@ class _Slot:
     def start(self, req, engine):
         self.n_cached = self._reuse(req.prompt, engine.model.kv)
         self.todo = req.prompt[self.n_cached:]      # prompt tokens still to decode
-        self.sampler = RequestSampler(req.params, req.constraint, req.prompt)
+        params = req.params
+        if params.ignore_eos:    # llama.cpp's ignore_eos: end-of-generation tokens may not be sampled
+            eog = dict.fromkeys(engine.tokenizer.eog_ids, -float("inf"))
+            params = dataclasses.replace(params, logit_bias={**params.logit_bias, **eog})
+        self.sampler = RequestSampler(params, req.constraint, req.prompt)
         self.next_token = None                      # sampled, to be decoded next step
         self.n_gen = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -214,6 +219,8 @@ class Engine:
                              f"(n_ctx {self.model.n_ctx} / {len(self.slots)} slots), with room for an answer")
         req = Request(prompt, params, constraint, loop)
         with self._wake:
+            if self._stopping:
+                raise RuntimeError("the engine has stopped")
             free = sum(s.req is None for s in self.slots)       # read on this thread: near enough
             if len(self.waiting) - free >= self.max_queue:
                 raise QueueFull(f"{len(self.waiting)} requests wait already (max_queue {self.max_queue})")
@@ -338,7 +345,7 @@ class Engine:
                 if not free or not self.waiting:
                     return
                 req = self.waiting.popleft()
-            slot = max(free, key=lambda s: (_common_prefix(s.cache, req.prompt), -s.last_used))
+            slot = _pick_slot(free, req.prompt)
             slot.start(req, self)
 
     def _sample(self, s, logits):
@@ -355,7 +362,7 @@ class Engine:
         if s.t_first is None:
             s.t_first = time.perf_counter()
         p, tk = s.req.params, self.tokenizer
-        if tk.is_eog(tok) and not p.ignore_eos:
+        if tk.is_eog(tok):
             self._finish(s, "stop")
             return
         s.n_gen += 1
@@ -392,6 +399,19 @@ class Engine:
     def _done(self, req, done):
         self.n_requests[done.finish_reason] += 1
         req._emit(done)
+
+
+#: a free slot whose cached tokens share more than this share of a new prompt serves it (llama-server's
+#: --slot-prompt-similarity); otherwise the slot used least recently (one never used first), so that
+#: a prompt sharing only BOS with a cache does not overwrite it
+SLOT_PROMPT_SIMILARITY = 0.5
+
+
+def _pick_slot(free, prompt):
+    best = max(free, key=lambda s: (_common_prefix(s.cache, prompt), -s.last_used))
+    if _common_prefix(best.cache, prompt) > SLOT_PROMPT_SIMILARITY * len(prompt):
+        return best
+    return min(free, key=lambda s: s.last_used)
 
 
 def _common_prefix(a, b):
