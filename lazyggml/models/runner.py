@@ -64,8 +64,10 @@ log = logging.getLogger("lazyggml")
 # one), against attention over masked cells: decode steps take llama.cpp's 256 (get_n_kv), one
 # graph for 256 tokens; prefill micro-batches, which build a graph each anyway and whose
 # attention grows with the window times the batch, take 32. A micro-batch of one token for each of
-# several sequences is a decode step too (serving), whose shape comes back step after step: it
-# takes 256 (with 32, B = 4 sequences built a new graph every 8 steps).
+# B sequences is a decode step too (serving), whose shape comes back step after step; the shared
+# cache grows by B cells a step, so its window grows by 256 * B cells, one graph for 256 steps (with
+# 32, B = 4 built a new graph every 8 steps; with 256, B = 32 on a GPU rebuilt every 8 steps, at
+# ~0.1 s each, half of the run).
 KV_PAD = 256
 KV_PAD_BATCH = 32
 # Prefill micro-batch (tokens per graph) on the CPU. Measured on 2 threads (AVX2 machine, tok/s
@@ -300,7 +302,7 @@ class Model:
             self._shift()
         n = ub.n_tokens
         decode_step = n == 1 or (n <= N_SEQ_MAX and len(np.unique(ub.seq_id)) == n)   # a token per sequence
-        self.kv.prepare(ub, KV_PAD if decode_step else KV_PAD_BATCH)
+        self.kv.prepare(ub, KV_PAD * n if decode_step else KV_PAD_BATCH)
         step = self.graphs.get(n, ub.n_kv, ub.n_outputs)
         for inp in step.inputs:
             inp.set_input(ub)
