@@ -52,6 +52,8 @@ _TABLE = [
     # CPU kernels
     Switch("LAZYGGML_CACHE_DIR", None, "value", "the kernel cache's directory (else NUMBA_CACHE_DIR, else the user cache)"),
     Switch("LAZYGGML_SIMD", "auto", "value", "portable: CPU kernels without AVX2/F16C/AVX-512 instructions"),
+    Switch("LAZYGGML_GGML_AVX512", True, "flag",
+           "0: on an AVX-512 CPU, float sums in the order of GGML built for AVX2 (8 lanes), not for AVX-512 (16)"),
     Switch("LAZYGGML_CPU_REPLAY", True, "flag", "0: call each CPU kernel from Python instead of replaying the plan natively"),
     Switch("LAZYGGML_LLAMAFILE", True, "flag", "0: float products in GGML's vec_dot order, not llamafile's sgemm order"),
     Switch("LAZYGGML_TILED_MM", True, "flag", "0: quantized products in vec_dot's order, not GGML's tiled matmul order"),

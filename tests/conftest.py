@@ -1,5 +1,6 @@
 """What the whole test run needs, checked once before any test runs."""
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -19,3 +20,17 @@ def pytest_configure(config):
             f"is missing from {sys.prefix} (pip may have reused a wheel built without it): run "
             f"`{pip} uninstall -y llama-cpp-python && {pip} cache remove llama_cpp_python`, then README.md's "
             f"test command again")
+    _follow_the_oracles_simd()
+
+
+def _follow_the_oracles_simd():
+    """lazyggml's float sums follow the lane width of the GGML the oracles were built for: 8 lanes
+    (AVX2) where ``tests/oracle_cflags.sh`` built them without AVX-512, 16 where they have it
+    (``LAZYGGML_GGML_AVX512``, read when lazyggml is imported, so set here, before any test module
+    imports it; child processes inherit it). ggml-python's build answers for both oracles, which
+    README.md's test command builds with the same flags; ``llama_cpp_oracle.run_llama_cpp`` checks
+    llama.cpp's."""
+    import ggml
+    assert "lazyggml" not in sys.modules, "lazyggml was imported before tests/conftest.py configured it"
+    os.environ["LAZYGGML_GGML_AVX512"] = "1" if ggml.ggml_cpu_has_avx512() else "0"
+

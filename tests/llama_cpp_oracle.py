@@ -20,6 +20,8 @@ import sys
 
 import numpy as np
 
+from lazyggml.backends.cpu import simd
+
 __all__ = ["LLAMA_CPP_CHILD", "run_llama_cpp", "nmse"]
 
 
@@ -109,7 +111,8 @@ for e in job.get("tokenize", []):
     tokens[e["path"]] = [llm.tokenize(t.encode(), add_bos=True, special=False) for t in e["texts"]]
     llm.close()
 
-json.dump({"version": llama_cpp.__version__, "greedy": greedy, "tokens": tokens}, open(sys.argv[2], "w"))
+json.dump({"version": llama_cpp.__version__, "avx512": b"AVX512 = 1" in llama_cpp.llama_print_system_info(),
+           "greedy": greedy, "tokens": tokens}, open(sys.argv[2], "w"))
 """
 
 
@@ -125,4 +128,8 @@ def run_llama_cpp(job, workdir, name):
     r = subprocess.run([sys.executable, "-c", LLAMA_CPP_CHILD, str(job_file), str(result_file)],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, f"the llama.cpp child ({name}) failed ({r.returncode}):\n{r.stderr[-6000:]}"
-    return json.loads(result_file.read_text())
+    res = json.loads(result_file.read_text())
+    assert res["avx512"] == simd.HAVE_AVX512, (
+        f"llama.cpp was built {'with' if res['avx512'] else 'without'} AVX-512 and ggml-python (whose build "
+        f"tests/conftest.py follows) {'with' if simd.HAVE_AVX512 else 'without'}: build both with README.md's test command")
+    return res

@@ -38,7 +38,8 @@ GGML has three paths, and so do we, chosen from the shapes as GGML chooses:
   result here: ours is the plan's.
 
 A GGML built for the machine sums float lanes 8 wide with AVX2 and 16 wide with AVX-512; the row-by-row
-dot product follows the width of the target (``simd.HAVE_AVX512``), so the row-by-row path gives the
+dot product follows the width of the target (``simd.HAVE_AVX512``, or 8 with ``LAZYGGML_GGML_AVX512=0``,
+for a GGML built for AVX2 on an AVX-512 CPU), so the row-by-row path gives the
 bits of such a build (measured: identical to llama.cpp 0.3.36's logits on the embedded model with
 GGML's reference matmuls). The tiled path follows GGML's AVX2 code (its soft_max sums and
 ``ggml_v_expf``): against an AVX-512 build, last bits differ. Where GGML calls ``expf`` and

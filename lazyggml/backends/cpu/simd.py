@@ -78,9 +78,11 @@ if _REQUEST not in ("auto", "portable"):
 HAVE_AVX2 = _REQUEST == "auto" and "avx2" in _FEATURES
 #: True when fp16 -> fp32 lanes can use F16C's ``vcvtph2ps`` (``fpext <8 x half>``).
 HAVE_F16C = _REQUEST == "auto" and "f16c" in _FEATURES and "avx" in _FEATURES
-#: True when the target has AVX-512F, where a GGML built for the machine sums float lanes 16 wide
-#: (``GGML_F32_EPR`` 16): kernels that follow GGML's lane order for floats read it.
-HAVE_AVX512 = _REQUEST == "auto" and "avx512f" in _FEATURES
+#: True when float sums follow a GGML built with AVX-512F, which adds float lanes 16 wide
+#: (``GGML_F32_EPR`` 16): the target has AVX-512F and ``LAZYGGML_GGML_AVX512`` is not 0. With 0, they
+#: follow GGML built for AVX2 (8 lanes) on any x86 CPU, as the tests' oracles are built
+#: (``tests/oracle_cflags.sh``). Kernels that follow GGML's lane order for floats read it.
+HAVE_AVX512 = _REQUEST == "auto" and "avx512f" in _FEATURES and debug.flag("LAZYGGML_GGML_AVX512")
 #: True when the 512-bit forms of ``maddubs``, ``madd`` and ``pick16`` are one AVX-512BW instruction
 #: each (the kernels of two weight rows at once, ``dot2_*``, run on 512-bit registers then).
 HAVE_AVX512BW = HAVE_AVX2 and "avx512bw" in _FEATURES
@@ -88,9 +90,11 @@ HAVE_AVX512BW = HAVE_AVX2 and "avx512bw" in _FEATURES
 HAVE_VNNI = HAVE_AVX2 and "avx512vnni" in _FEATURES and "avx512vl" in _FEATURES
 #: True when ``crumb`` can use GFNI's ``vgf2p8affineqb`` (a shift and a mask of bytes in one instruction).
 HAVE_GFNI = HAVE_AVX2 and "gfni" in _FEATURES
-#: "avx2", "avx2+avx512bw", "avx2+avx512bw+vnni" or "portable": printed by benchmarks and tests,
-#: and a salt of the cached kernels (the generated switches branch on HAVE_AVX512BW).
-ISA = ("avx2" + ("+avx512bw" if HAVE_AVX512BW else "") + ("+vnni" if HAVE_VNNI else "")) if HAVE_AVX2 else "portable"
+#: "avx2", "avx2+avx512bw", "avx2+avx512bw+vnni" or "portable", then "+f32x16" where float sums
+#: follow AVX-512's: printed by benchmarks and tests, and a salt of the cached kernels (the generated
+#: switches branch on HAVE_AVX512BW, attention on HAVE_AVX512).
+ISA = (("avx2" + ("+avx512bw" if HAVE_AVX512BW else "") + ("+vnni" if HAVE_VNNI else "")) if HAVE_AVX2 else "portable") \
+    + ("+f32x16" if HAVE_AVX512 else "")
 # ---------------------------------------------------------------------------------------------------
 # The vector types
 # ---------------------------------------------------------------------------------------------------
