@@ -154,7 +154,7 @@ def oracle_b32(t, wq, X):
 
 
 @pytest.mark.parametrize("t", [Type.Q4_0, Type.Q4_K, Type.IQ4_NL], ids=lambda t: t.name)
-@pytest.mark.parametrize("n", [1, 3, 5, 8, 19])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 12, 13, 19])
 def test_repacked_order(t, n, monkeypatch):
     """A repacked weight (Q4_K: its first n - n % 4 columns in GGML's gemm's order when n > 3, the
     rest in its gemv's; Q4_0 and IQ4_NL: one order for both), a single column (decode) too, bit

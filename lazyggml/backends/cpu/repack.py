@@ -24,6 +24,9 @@ Q4_0, Q4_K and IQ4_NL rows in multiples of 8 (``q4_0_8x8_q8_0``, ``q4_K_8x8_q8_K
 with s1 = Σ_s scale_s · Σ q·q8 and s2 = Σ_s min_s · bsum_s exact integers (vec_dot's, whose
 ``_k4_sumi_parts`` are the pairs). A product of ``ne11`` columns runs its first ``ne11 − ne11 % 4``
 through the gemm when ``ne11 > 3`` and the rest through the gemv (``forward_mul_mat_one_chunk``).
+Here the gemm's columns go 8 or 4 at a time, a vector lane per column, their integer part sums
+reduced four at once (``simd.hsum_i32x8_4``): at 4 columns (a decode step of 4 sequences) that is
+4 FMAs a block for all 4 chains where one column at a time took 16 lane sums and 32 scalar FMAs.
 MXFP4 also has AVX2 kernels in GGML; lazyggml has no MXFP4 type. The experts of a MUL_MAT_ID are
 repacked by the same rule (3-D, rows per expert in multiples of 8); GGML multiplies them routed row
 by routed row, through the gemv (``forward_mul_mat_id``), and so does ``matmul_id.py``.
@@ -39,9 +42,9 @@ from ...cache import tie_cache
 from ...ops import Op
 from ...types import QK_K, Type
 from . import simd, type_common, type_iq, type_k, type_legacy
-from .simd import (bcast_half, bcast_pair, dot4_acc, fma, hsum_i32, lane, load_f32, load_f32x8,
-                   load_i8x32, load_i16x16, load_u16, madd, splat_f32x8, splat_i32x8, store_f32x8, to_f32, vabs,
-                   vadd, vmul, vsign)
+from .simd import (bcast_half, bcast_pair, concat, dot4_acc, fma, hsum_i32, hsum_i32x8_4, lane, load_f32,
+                   load_f32x4, load_f32x8, load_i8x32, load_i16x16, load_u16, madd, splat_f32x4, splat_f32x8,
+                   splat_i32x8, store_f32x4, store_f32x8, to_f32, transpose_i32x4, vabs, vadd, vmul, vsign)
 from .type_common import TABLE_F32_F16 as _F16
 from .type_common import _fmaf
 from .type_k import Q4_K_SIZE, Q8_K_SIZE
@@ -122,46 +125,86 @@ def repack_dot_q4_K_q8_K(n, x, y, yo):
 
 
 @njit(inline="always")
+def _sums4(y, yb, ycs, l0, h0, l1, h1, l2, h2, l3, h3, sc):
+    """The part sums (``type_k._k4_sumi_parts``) of one Q4_K block against 4 columns (``ycs`` bytes
+    apart from ``yb``), reduced and turned: part u of the 4 columns side by side, for u = 0..3."""
+    a0, a1, a2, a3 = type_k._k4_sumi_parts(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc)
+    s0 = hsum_i32x8_4(a0, a1, a2, a3)
+    a0, a1, a2, a3 = type_k._k4_sumi_parts(y, yb + ycs, l0, h0, l1, h1, l2, h2, l3, h3, sc)
+    s1 = hsum_i32x8_4(a0, a1, a2, a3)
+    a0, a1, a2, a3 = type_k._k4_sumi_parts(y, yb + 2 * ycs, l0, h0, l1, h1, l2, h2, l3, h3, sc)
+    s2 = hsum_i32x8_4(a0, a1, a2, a3)
+    a0, a1, a2, a3 = type_k._k4_sumi_parts(y, yb + 3 * ycs, l0, h0, l1, h1, l2, h2, l3, h3, sc)
+    s3 = hsum_i32x8_4(a0, a1, a2, a3)
+    return (transpose_i32x4(0, s0, s1, s2, s3), transpose_i32x4(1, s0, s1, s2, s3),
+            transpose_i32x4(2, s0, s1, s2, s3), transpose_i32x4(3, s0, s1, s2, s3))
+
+
+@njit(inline="always")
+def _mins4(mins, y, yb, ycs):
+    """``type_k._k4_min_prod`` of 4 columns, turned like ``_sums4``: pair u's min products side by side."""
+    m0, m1 = type_k._k4_min_prod(mins, y, yb), type_k._k4_min_prod(mins, y, yb + ycs)
+    m2, m3 = type_k._k4_min_prod(mins, y, yb + 2 * ycs), type_k._k4_min_prod(mins, y, yb + 3 * ycs)
+    return (transpose_i32x4(0, m0, m1, m2, m3), transpose_i32x4(1, m0, m1, m2, m3),
+            transpose_i32x4(2, m0, m1, m2, m3), transpose_i32x4(3, m0, m1, m2, m3))
+
+
+@njit(inline="always")
 def _q4_K_row(n, x, y, yo, ycs, ybs, nc, ngemm, acc, out):
     """A repacked Q4_K row against nc columns, the columns' min table (``type_k._k4_min_table``) in
     acc: the first ``ngemm`` in ``ggml_gemm_q4_K_8x8_q8_K``'s order, the rest in the gemv's. The
-    gemm's columns go 8 at a time as GGML's kernel does them (a vector lane per column): their 64-value
-    parts' sums (each summed and converted on its own, then side by side in scratch), their min parts
-    from the table, then one FMA per chain for all 8. A column's chains A and M wait in acc[c] and
-    acc[nc + c]."""
+    gemm's columns go 8 at a time, then 4, a vector lane per column as GGML's kernel does them: their
+    64-value parts' sums (``_sums4``), their min parts (from the table, or ``_mins4`` for the 4),
+    then one FMA per chain for all of them. A column's chains A and M wait in acc[c] and acc[nc + c]."""
     ng = nc // 8                      # the table's groups
-    gemm_groups = min(ngemm, nc) // 8
+    nq = min(ngemm, nc) // 4          # the gemm's columns by fours: the table's groups twice, maybe one more
     tb = 4 * type_common.ACC_PER_COL * nc
-    sp = 2 * nc                       # scratch: 4 x 8 part sums of a group
+    sp = 2 * nc                       # scratch: the 4 columns' d8
     acc[:2 * nc] = 0
     for i in range(n // QK_K):
         xb = i * Q4_K_SIZE
         xd, xdmin, ms, mins = type_k._k4_head(x, xb)
         l0, h0, l1, h1, l2, h2, l3, h3 = type_k._q4_K_unpack(x, xb)
         sc = bcast_half(ms, 0)
-        for g in range(gemm_groups):
+        for g in range(nq // 2):
             yb = yo + 8 * g * ycs + i * ybs
-            for k in range(8):   # each column's 4 part sums, as float32, side by side in scratch at acc[2nc:]
-                p0, p1, p2, p3 = type_k._k4_sumi_parts(y, yb + k * ycs, l0, h0, l1, h1, l2, h2, l3, h3, sc)
-                acc[sp + k] = np.float32(hsum_i32(p0))
-                acc[sp + 8 + k] = np.float32(hsum_i32(p1))
-                acc[sp + 16 + k] = np.float32(hsum_i32(p2))
-                acc[sp + 24 + k] = np.float32(hsum_i32(p3))
+            u0, u1, u2, u3 = _sums4(y, yb, ycs, l0, h0, l1, h1, l2, h2, l3, h3, sc)
+            v0, v1, v2, v3 = _sums4(y, yb + 4 * ycs, ycs, l0, h0, l1, h1, l2, h2, l3, h3, sc)
             t = tb + type_common.K4_TABLE_BYTES * (i * ng + g)
             d8 = load_f32x8(acc, t + 128)
             dd, dm = vmul(splat_f32x8(xd), d8), vmul(splat_f32x8(xdmin), d8)
             a, m = load_f32x8(acc, 32 * g), load_f32x8(acc, 4 * nc + 32 * g)
-            a = fma(load_f32x8(acc, 4 * sp), dd, a)
+            a = fma(to_f32(concat(u0, v0)), dd, a)
             m = fma(to_f32(madd(bcast_pair(mins, 0), load_i16x16(acc, t))), dm, m)
-            a = fma(load_f32x8(acc, 4 * sp + 32), dd, a)
+            a = fma(to_f32(concat(u1, v1)), dd, a)
             m = fma(to_f32(madd(bcast_pair(mins, 1), load_i16x16(acc, t + 32))), dm, m)
-            a = fma(load_f32x8(acc, 4 * sp + 64), dd, a)
+            a = fma(to_f32(concat(u2, v2)), dd, a)
             m = fma(to_f32(madd(bcast_pair(mins, 2), load_i16x16(acc, t + 64))), dm, m)
-            a = fma(load_f32x8(acc, 4 * sp + 96), dd, a)
+            a = fma(to_f32(concat(u3, v3)), dd, a)
             m = fma(to_f32(madd(bcast_pair(mins, 3), load_i16x16(acc, t + 96))), dm, m)
             store_f32x8(acc, 32 * g, a)
             store_f32x8(acc, 4 * nc + 32 * g, m)
-        for c in range(8 * gemm_groups, nc):
+        if nq % 2:
+            c0 = 4 * (nq - 1)
+            yb = yo + c0 * ycs + i * ybs
+            u0, u1, u2, u3 = _sums4(y, yb, ycs, l0, h0, l1, h1, l2, h2, l3, h3, sc)
+            m0, m1, m2, m3 = _mins4(mins, y, yb, ycs)
+            for k in range(4):
+                acc[sp + k] = load_f32(y, yb + k * ycs)
+            d8 = load_f32x4(acc, 4 * sp)
+            dd, dm = vmul(splat_f32x4(xd), d8), vmul(splat_f32x4(xdmin), d8)
+            a, m = load_f32x4(acc, 4 * c0), load_f32x4(acc, 4 * (nc + c0))
+            a = fma(to_f32(u0), dd, a)
+            m = fma(to_f32(m0), dm, m)
+            a = fma(to_f32(u1), dd, a)
+            m = fma(to_f32(m1), dm, m)
+            a = fma(to_f32(u2), dd, a)
+            m = fma(to_f32(m2), dm, m)
+            a = fma(to_f32(u3), dd, a)
+            m = fma(to_f32(m3), dm, m)
+            store_f32x4(acc, 4 * c0, a)
+            store_f32x4(acc, 4 * (nc + c0), m)
+        for c in range(4 * nq, nc):
             yb = yo + c * ycs + i * ybs
             d8 = load_f32(y, yb)
             parts = type_k._k4_sumi_parts(y, yb, l0, h0, l1, h1, l2, h2, l3, h3, sc)
