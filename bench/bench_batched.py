@@ -6,7 +6,7 @@ llama.cpp in the same run (issue 43).
     python bench/bench_batched.py --model default --npp 32 --ntg 16 --npl 1,2,4   # the embedded 3.7M model
     python bench/bench_batched.py -ngl 99 --llama-batched-bench /tmp/llamacpp/build/bin/llama-batched-bench \\
         --model-dir /tmp/lazyggml-batched --out bench/results/batched.md        # on the GPU machine
-    python bench/bench_batched.py --profile 4                       # also cProfile lazyggml's decode phase at B=4
+    python bench/bench_batched.py --profile 4                       # also profile lazyggml's decode step at B=4
 
 **The measure** (llama-batched-bench's, prompts not shared, its ``-pps`` off). For each B of
 ``--npl``: fill one batch with B prompts of ``--npp`` tokens, sequence j at positions 0..npp-1,
@@ -59,6 +59,12 @@ cache (its prompt, then its first step token). On the CPU first in GGML's per-co
 the same bits; then as shipped, where the repacked and tiled products' orders depend on the batch's
 column count, so rounding differs (NMSE ~1e-4 to 1e-3 on the random 125M model): NMSE below 1e-2
 (a row of another sequence is ~0.5-2 away). With ``-ngl``, the as-shipped comparison only.
+
+``--profile B`` (lazyggml, in this process, after the timed runs): cProfile of the decode phase at B
+(host time: Python, launches, and the wait for the device in the backend's synchronize), then one
+step at B node by node through the scheduler's eval callback (``Scheduler.set_eval_callback``: each
+node computed and waited for, so no CUDA graph; a node's time includes ~10-50 µs of launch and
+wait), grouped by op, weight type and shapes: where the device's time goes.
 
 The table also gives how many graphs lazyggml built (``GraphCache.alloc``) in a timed run's prompt
 and decode phases: a new graph is built when a micro-batch's shape class (tokens, KV window, rows of
@@ -476,6 +482,47 @@ def summarize(B, runs, args):
     return out
 
 
+def profile_nodes(eng, B, n_top=20):
+    """One decode step of B tokens (the last step's again, once its cells are removed) node by
+    node: (its wall time, the total per op, the top ``n_top`` groups of (op, src0 type, src0 shape,
+    src1 shape) by time, each (count, seconds))."""
+    groups = {}
+    clock = [0.0]
+
+    def cb(t, ask):
+        if ask:
+            return True
+        now = time.perf_counter()
+        src = [x for x in t.src if x is not None]
+        key = (t.op.name, src[0].type.name if src else "", tuple(src[0].ne) if src else (),
+               tuple(src[1].ne) if len(src) > 1 else ())
+        n, sec = groups.get(key, (0, 0.0))
+        groups[key] = (n + 1, sec + now - clock[0])
+        clock[0] = now
+        return True
+
+    graphs = eng.m.graphs
+    scheds = [g.sched for g in (*graphs.prompt.values(), *graphs.decode.values())]
+    for sc in scheds:
+        sc.set_eval_callback(cb)
+    try:
+        last = eng.npp + eng.cfg["ntg"] - 1
+        for k in range(B):
+            eng.m.kv.seq_rm(k, last, -1)
+        eng.fill_step(B, eng.cfg["ntg"] - 1)
+        clock[0] = t0 = time.perf_counter()
+        eng.decode(0, B)
+        total = time.perf_counter() - t0
+    finally:
+        for sc in scheds:
+            sc.set_eval_callback(None)
+    by_op = {}
+    for (op, *_), (_, sec) in groups.items():
+        by_op[op] = by_op.get(op, 0.0) + sec
+    top = sorted(groups.items(), key=lambda kv: -kv[1][1])[:n_top]
+    return total, sorted(by_op.items(), key=lambda kv: -kv[1]), top
+
+
 def profile_decode(cfg, B, n_top=25):
     """cProfile lazyggml's decode phase at B (after an untimed run and a timed one), in this process:
     (a summary line, the top functions by own time)."""
@@ -495,6 +542,11 @@ def profile_decode(cfg, B, n_top=25):
     pr.disable()
     out = io.StringIO()
     pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(n_top)
+    total, by_op, top = profile_nodes(eng, B)
+    out.write(f"\nOne step at B={B} node by node: {total * 1e3:.2f} ms; by op (ms): "
+              + ", ".join(f"{op} {sec * 1e3:.2f}" for op, sec in by_op) + "\n")
+    for (op, wtype, ne0, ne1), (n, sec) in top:
+        out.write(f"{sec * 1e3:9.3f} ms {n:5d}x {op} {wtype} {list(ne0)} x {list(ne1)}\n")
     ntg = cfg["ntg"]
     head = (f"B={B}: decode phase {plain['t_tg'] / ntg * 1e3:.2f} ms/step without the profiler "
             f"({plain['builds_tg']} graphs built in its {ntg} steps), {t_tg / ntg * 1e3:.2f} ms/step under it "
