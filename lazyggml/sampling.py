@@ -131,13 +131,15 @@ def _chain(logits, k, p, min_p, t, u):
     m = logits.max()
     if not np.isfinite(m):              # a NaN anywhere makes the max NaN
         return -1, False
+    if t <= 0.0:    # greedy: the filters' first candidate, the largest logit (the lowest id on ties),
+        return np.argmax(logits), False   # without their partition and sort (~0.3 ms at 32k logits)
     ids, logits = _top_k(np.arange(logits.shape[0]), logits, k)
     n = logits.shape[0]
     if p < 1.0:
         n = min(n, max(1, _n_top_p(logits, p)))
     if min_p > 0.0:
         n = max(1, _n_min_p(logits[:n], min_p))
-    if t <= 0.0 or n == 1:
+    if n == 1:
         return ids[0], False
     return ids[_draw(logits[:n] / np.float32(t), u)], True
 

@@ -66,6 +66,7 @@ def test_greedy_sampler_and_seeds():
     rows = rng.standard_normal((20, 50)).astype(np.float32)
     g = Sampler(temp=0.0, seed=1)
     assert [g.sample(r) for r in rows] == [int(np.argmax(r)) for r in rows]
+    assert g.sample(np.array([1.0, 3.0, 3.0, -np.inf], np.float32)) == 1    # the first of equal maxima
     assert Sampler(top_k=1, seed=3).sample(rows[0]) == int(np.argmax(rows[0]))
     a, b, c = (Sampler(temp=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=s) for s in (7, 7, 8))
     seq_a = [a.sample(r) for r in rows]
