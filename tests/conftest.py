@@ -33,4 +33,3 @@ def _follow_the_oracles_simd():
     import ggml
     assert "lazyggml" not in sys.modules, "lazyggml was imported before tests/conftest.py configured it"
     os.environ["LAZYGGML_GGML_AVX512"] = "1" if ggml.ggml_cpu_has_avx512() else "0"
-

@@ -976,6 +976,13 @@ def hsum_i32(typingctx, a):
     return types.int32(a), codegen
 
 
+def _transpose4_row(builder, a, u):
+    """Lane ``u`` of four 4-lane vectors ``a``, side by side: ``[a0[u], a1[u], a2[u], a3[u]]``."""
+    p01 = builder.shuffle_vector(a[0], a[1], _const_mask([u, 4 + u]))
+    p23 = builder.shuffle_vector(a[2], a[3], _const_mask([u, 4 + u]))
+    return builder.shuffle_vector(p01, p23, _const_mask([0, 1, 2, 3]))
+
+
 @intrinsic
 def hsum_i32x8_4(typingctx, a0, a1, a2, a3):
     """Four ``<8 x i32>`` -> ``<4 x i32>`` whose lane u is the sum of ``a_u`` (integers: any order
@@ -987,9 +994,8 @@ def hsum_i32x8_4(typingctx, a0, a1, a2, a3):
     def codegen(context, builder, sig, args):
         rs = [builder.add(builder.shuffle_vector(v, v, _const_mask([0, 1, 2, 3])),
                           builder.shuffle_vector(v, v, _const_mask([4, 5, 6, 7]))) for v in args]
-        t = _transpose_cols(builder, rs + rs)
-        s = builder.add(builder.add(t[0], t[1]), builder.add(t[2], t[3]))
-        return builder.shuffle_vector(s, s, _const_mask([0, 1, 2, 3]))
+        t = [_transpose4_row(builder, rs, u) for u in range(4)]
+        return builder.add(builder.add(t[0], t[1]), builder.add(t[2], t[3]))
 
     return i32x4(a0, a1, a2, a3), codegen
 
@@ -1000,13 +1006,9 @@ def transpose_i32x4(typingctx, u, a0, a1, a2, a3):
     (a 4x4 transpose, one row of it; the four calls on the same vectors share their shuffles)."""
     if not (isinstance(u, types.IntegerLiteral) and all(a == i32x4 for a in (a0, a1, a2, a3))):
         return None
-    k = u.literal_value
 
     def codegen(context, builder, sig, args):
-        a0, a1, a2, a3 = args[1:]
-        p01 = builder.shuffle_vector(a0, a1, _const_mask([k, 4 + k]))
-        p23 = builder.shuffle_vector(a2, a3, _const_mask([k, 4 + k]))
-        return builder.shuffle_vector(p01, p23, _const_mask([0, 1, 2, 3]))
+        return _transpose4_row(builder, args[1:], u.literal_value)
 
     return i32x4(u, a0, a1, a2, a3), codegen
 
