@@ -62,9 +62,10 @@ column count, so rounding differs (NMSE ~1e-4 to 1e-3 on the random 125M model):
 
 ``--profile B`` (lazyggml, in this process, after the timed runs): cProfile of the decode phase at B
 (host time: Python, launches, and the wait for the device in the backend's synchronize), then one
-step at B node by node through the scheduler's eval callback (``Scheduler.set_eval_callback``: each
-node computed and waited for, so no CUDA graph; a node's time includes ~10-50 µs of launch and
-wait), grouped by op, weight type and shapes: where the device's time goes.
+step at B node by node, grouped by op, types and shapes as profile_gpu.py groups them: on a GPU its
+GPU time per node (``profile_gpu.NodeTimer``), on the CPU each node computed and waited for through
+the scheduler's eval callback (``Scheduler.set_eval_callback``; ~10-50 µs of each node's time is the
+callback's): where the device's time goes.
 
 The table also gives how many graphs lazyggml built (``GraphCache.alloc``) in a timed run's prompt
 and decode phases: a new graph is built when a micro-batch's shape class (tokens, KV window, rows of
@@ -483,22 +484,31 @@ def summarize(B, runs, args):
 
 
 def profile_nodes(eng, B, n_top=20):
-    """One decode step of B tokens (the last step's again, once its cells are removed) node by
-    node: (its wall time, the total per op, the top ``n_top`` groups of (op, src0 type, src0 shape,
-    src1 shape) by time, each (count, seconds))."""
+    """One decode step of B tokens (the last step's again, once its cells are removed), node by node,
+    grouped as profile_gpu.py groups them (``label``): on a CUDA backend its GPU time per node
+    (``profile_gpu.NodeTimer``: events around each node, the host's launches not counted; it prints
+    its table); on the CPU each node computed and waited for through the scheduler's eval callback.
+    Returns the lines to print (the CPU's table, or none)."""
+    from profile_gpu import NodeTimer, label
+    last = eng.npp + eng.cfg["ntg"] - 1
+    for k in range(B):
+        eng.m.kv.seq_rm(k, last, -1)
+    eng.fill_step(B, eng.cfg["ntg"] - 1)
+    cuda = [b for b in eng.m.backends if type(b).__name__ == "CUDABackend"]
+    if cuda:
+        timer = NodeTimer(cuda[0])
+        eng.decode(0, B)
+        timer.report(f"One step at B={B}, GPU time per node on {cuda[0].name}")
+        return []
     groups = {}
     clock = [0.0]
 
     def cb(t, ask):
-        if ask:
-            return True
-        now = time.perf_counter()
-        src = [x for x in t.src if x is not None]
-        key = (t.op.name, src[0].type.name if src else "", tuple(src[0].ne) if src else (),
-               tuple(src[1].ne) if len(src) > 1 else ())
-        n, sec = groups.get(key, (0, 0.0))
-        groups[key] = (n + 1, sec + now - clock[0])
-        clock[0] = now
+        if not ask:
+            now = time.perf_counter()
+            n, sec = groups.get(label(t), (0, 0.0))
+            groups[label(t)] = (n + 1, sec + now - clock[0])
+            clock[0] = now
         return True
 
     graphs = eng.m.graphs
@@ -506,21 +516,16 @@ def profile_nodes(eng, B, n_top=20):
     for sc in scheds:
         sc.set_eval_callback(cb)
     try:
-        last = eng.npp + eng.cfg["ntg"] - 1
-        for k in range(B):
-            eng.m.kv.seq_rm(k, last, -1)
-        eng.fill_step(B, eng.cfg["ntg"] - 1)
         clock[0] = t0 = time.perf_counter()
         eng.decode(0, B)
         total = time.perf_counter() - t0
     finally:
         for sc in scheds:
             sc.set_eval_callback(None)
-    by_op = {}
-    for (op, *_), (_, sec) in groups.items():
-        by_op[op] = by_op.get(op, 0.0) + sec
-    top = sorted(groups.items(), key=lambda kv: -kv[1][1])[:n_top]
-    return total, sorted(by_op.items(), key=lambda kv: -kv[1]), top
+    lines = [f"One step at B={B} node by node (each waited for, ~10-50 µs of which is the callback): {total * 1e3:.2f} ms"]
+    for name, (n, sec) in sorted(groups.items(), key=lambda kv: -kv[1][1])[:n_top]:
+        lines.append(f"{sec * 1e3:9.3f} ms {n:5d}x {name}")
+    return lines
 
 
 def profile_decode(cfg, B, n_top=25):
@@ -542,11 +547,7 @@ def profile_decode(cfg, B, n_top=25):
     pr.disable()
     out = io.StringIO()
     pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(n_top)
-    total, by_op, top = profile_nodes(eng, B)
-    out.write(f"\nOne step at B={B} node by node: {total * 1e3:.2f} ms; by op (ms): "
-              + ", ".join(f"{op} {sec * 1e3:.2f}" for op, sec in by_op) + "\n")
-    for (op, wtype, ne0, ne1), (n, sec) in top:
-        out.write(f"{sec * 1e3:9.3f} ms {n:5d}x {op} {wtype} {list(ne0)} x {list(ne1)}\n")
+    out.write("".join(f"\n{line}" for line in profile_nodes(eng, B)) + "\n")
     ntg = cfg["ntg"]
     head = (f"B={B}: decode phase {plain['t_tg'] / ntg * 1e3:.2f} ms/step without the profiler "
             f"({plain['builds_tg']} graphs built in its {ntg} steps), {t_tg / ntg * 1e3:.2f} ms/step under it "
