@@ -83,6 +83,7 @@ class NodeTimer:
 
     def _run(self, nodes):
         be, ev = self.backend, self.cuda.event
+        be.q8_of = be.cells_of = None     # as the backend's own _run: nothing derived from a last run
         if not self.marks:   # hold the stream while the host queues everything: no launch gaps timed
             _hold[1, 1, be.stream](HOLD_MS)
         for fn, node in nodes:
@@ -136,7 +137,7 @@ class ReplayNodeTimer:
         h = drv.CUstream(int(be.stream.handle))
         ext = drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL
         self.nodes = []
-        be.q8_of = None
+        be.q8_of = be.cells_of = None
         self._ok(drv.cuEventRecordWithFlags(self.events[0], h, ext))
         for fn, node in nodes:
             be.writes(node)

@@ -796,13 +796,18 @@ def flash_attn_ext_ref(q, k, v, mask=None, scale=1.0, max_bias=0.0, softcap=0.0)
     return out
 
 
-def _fa_mask(n_q, causal=True, masked_row=None):
+def _fa_mask(n_q, causal=True, masked_row=None, seqs=0):
     """A flash-attention mask (m3, m2, m1, n_kv): uniform [-1, 0] values (ALiBi's positions, or any
     additive bias); with ``causal``, -inf where query iq1 may not see cell ic (ic > n_kv - n_q + iq1:
-    the batch is the last n_q cells of the cache); query ``masked_row`` sees nothing."""
+    the batch is the last n_q cells of the cache); query ``masked_row`` sees nothing. With ``seqs``,
+    a step of that many sequences in one cache instead: query iq1 and cell ic belong to sequences
+    iq1 % seqs and ic % seqs, and a query sees the cells of its own."""
     def fill(rng, shape):
         m = rng.uniform(-1.0, 0.0, shape)
-        if causal:
+        if seqs:
+            ic, iq = np.arange(shape[-1]), np.arange(shape[-2])
+            m = np.where(ic[None, :] % seqs == iq[:, None] % seqs, m, -np.inf)
+        elif causal:
             ic, iq = np.arange(shape[-1]), np.arange(shape[-2])
             m = np.where(ic[None, :] <= shape[-1] - n_q + iq[:, None], m, -np.inf)
         if masked_row is not None:
@@ -815,7 +820,7 @@ _SIM_HEAVY = set()   # the names of the flash_attn cases over hundreds of KV cel
 
 
 def _fa_case(d, n_kv, n_q, n_head, n_head_kv, kv, masked=True, ne3=1, ne3k=1, m=None, max_bias=0.0, softcap=0.0,
-             scale=None, dv=None, causal=True, masked_row=None):
+             scale=None, dv=None, causal=True, masked_row=None, seqs=0):
     """A flash_attn_ext case: q F32 [d, n_q, n_head, ne3], k/v of type ``kv`` [d or dv, n_kv, n_head_kv,
     ne3k], with ``masked`` an F16 mask (the op's only mask type) of shape ``m`` (default [n_kv, n_q, 1, 1])."""
     dv = dv or d
@@ -825,11 +830,11 @@ def _fa_case(d, n_kv, n_q, n_head, n_head_kv, kv, masked=True, ne3=1, ne3k=1, m=
     fill = {}
     if masked:
         inputs.append((F16, m))
-        fill[3] = _fa_mask(n_q, causal, masked_row)
+        fill[3] = _fa_mask(n_q, causal, masked_row, seqs)
     label = (f"d={d}{'' if dv == d else f', dv={dv}'}, n_kv={n_kv}, n_q={n_q}, heads={n_head}/{n_head_kv}"
              f"{f', ne3={ne3}/{ne3k}' if ne3 > 1 else ''}, kv {type_name(kv)}, "
              f"mask {'F16' + str(list(m)) if masked else None}"
-             f"{', causal' if masked and causal else ''}"
+             f"{f', {seqs} sequences' if masked and seqs else ', causal' if masked and causal else ''}"
              f"{f', query {masked_row} masked' if masked_row is not None else ''}"
              f"{f', max_bias={max_bias}' if max_bias else ''}{f', softcap={softcap}' if softcap else ''}"
              f"{f', scale={scale:.3g}' if scale != 1.0 / math.sqrt(d) else ''}")
@@ -862,11 +867,15 @@ _fa_case(128, 259, 5, 4, 4, F16, softcap=50.0, scale=8.0 / math.sqrt(128))
 _fa_case(64, 7, 5, 4, 2, F32, softcap=50.0, scale=8.0 / math.sqrt(64))
 _fa_case(64, 7, 5, 2, 2, F16, ne3=2, ne3k=1, m=(7, 5, 2, 2))  # dim 3: k, v broadcast, mask per ne3
 _fa_case(64, 7, 5, 2, 1, F32, ne3=2, ne3k=2, m=(7, 8, 1, 1))  # mask rows beyond n_q (padding)
-# the shapes that take CUDA's other paths: 9 queries (blocks of 8, the second mostly empty), a
-# prompt of 20 (the unfused kernels) with a query that sees nothing, a soft-capped prompt (blocks of 8)
-_fa_case(64, 7, 9, 4, 2, F16)
-_fa_case(64, 7, 20, 4, 2, F32, masked_row=3)
+# the shapes that take CUDA's other paths: 9 queries without a mask (blocks of 8, the second mostly
+# empty), a soft-capped batch of 20, a prompt of 64 (the unfused kernels) with a query that sees nothing;
+# with a mask and fewer than 64 queries each query walks its own list of visible cells: a step of 4
+# and of 3 interleaved sequences (slices of the lists), 20 queries of them, one seeing nothing
+_fa_case(64, 7, 9, 4, 2, F16, masked=False)
 _fa_case(64, 7, 20, 4, 4, F16, softcap=50.0, scale=8.0 / math.sqrt(64))
+_fa_case(64, 7, 64, 2, 1, F32, masked_row=3)
+_fa_case(64, 37, 20, 4, 2, F16, seqs=4, masked_row=5)
+_fa_case(64, 37, 3, 4, 2, F32, seqs=3)
 # the CPU's other paths (GGML's): one query over >= 512 cells (split between threads), >= 64 queries (tiled:
 # a full tile of queries and a partial one, over a full window of cells and a partial one)
 _fa_case(64, 600, 1, 4, 2, F16)

@@ -259,6 +259,9 @@ class CUDABackend(Backend):
         # (kind, tensor, bytes) of the activations quantized in the "q8" work area, for reuse by the
         # next product of the same tensor in this run (cuda/ops.py's MUL_MAT); None when stale
         self.q8_of = None
+        # the mask whose visible cells fattn.py listed in its work area in this run (a model's
+        # attention nodes share one mask); None when stale
+        self.cells_of = None
         self.use_graphs = not simulated() and debug.flag("LAZYGGML_CUDA_GRAPHS")
 
     # -- what the kernels' glue uses
@@ -327,16 +330,19 @@ class CUDABackend(Backend):
         return Status.SUCCESS
 
     def _run(self, nodes):
-        self.q8_of = None
+        self.q8_of = self.cells_of = None
         for fn, node in nodes:
             self.writes(node)
             fn(self, node)
 
     def writes(self, t):
-        """A kernel is about to write ``t``: forget the q8_1 activations if they are being overwritten."""
+        """A kernel is about to write ``t``: forget the q8_1 activations and the mask's cell lists
+        if their sources are being overwritten."""
         q8 = self.q8_of
         if q8 is not None and _overlaps(t, q8[1]):
             self.q8_of = None
+        if self.cells_of is not None and _overlaps(t, self.cells_of):
+            self.cells_of = None
 
     def _drop_graphs(self):
         for st in self._captured.values():
