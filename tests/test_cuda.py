@@ -240,10 +240,10 @@ for k in kernels:
     @gpu
     @pytest.mark.parametrize("type_name,m,k", [("Q4_K", 4096, 14336), ("Q6_K", 1024, 4096), ("Q8_0", 1024, 4096),
                                                ("F16", 1024, 4096), ("BF16", 1024, 4096)])
-    @pytest.mark.parametrize("n", [1, 8, 512])
+    @pytest.mark.parametrize("n", [1, 8, 32, 512])
     def test_gpu_mul_mat_real_shapes(cuda_backend, type_name, m, k, n):
-        """mmvq (n <= 8), mmq or dequantize+GEMM (n = 512), float kernels: against NumPy and, where
-        the CPU backend computes MUL_MAT, against the CPU."""
+        """mmvq (n <= 8), mmq (split-K at n = 32) or dequantize+GEMM (n = 32, 512), float kernels:
+        against NumPy and, where the CPU backend computes MUL_MAT, against the CPU."""
         import lazyggml as lg
         type_ = getattr(lg, type_name)
         got, ref, X, Wd, _ = mul_mat_on(lg, cuda_backend, type_, m, k, (k, n, 1, 1), np.random.default_rng(n))
@@ -677,6 +677,32 @@ if CHILD:
         got, ref, X, Wd, wb = mul_mat_on(lg, be, lg.Q4_K, 8, 512, (512, 9, 1, 1), rng)
         assert nmse(got, ref) <= QUANT_NMSE
         assert nmse(got, q8_1_reference(Wd, X, mmq_q8_1_model, q4_K_mins(wb, 512))) <= 1e-10
+
+    def test_sim_mmq_split_rule():
+        """split-K on an H100's 132 multiprocessors: a 32-sequence decode step's products are cut,
+        a 512-token prompt's grid is full already."""
+        from lazyggml.backends.cuda.mmq import split_k
+        assert split_k(32, 16, 132) == 8       # 4096 x 4096: 256 blocks of 2 super-blocks
+        assert split_k(32, 56, 132) == 8       # k = 14336: 7 super-blocks a range
+        assert split_k(112, 16, 132) == 2      # 4096 -> 14336
+        assert split_k(8, 16, 132) == 8        # 4096 -> 1024: 64 blocks, no range under 2 super-blocks
+        assert split_k(32 * 8, 16, 132) == 1   # the prompt: 256 blocks
+
+    def test_sim_mmq_split_k(be, monkeypatch):
+        """k = 1024 (4 super-blocks), one tile: on the simulator's one multiprocessor the rule cuts K
+        in two (checked); forced here to three ranges (1, 1 and 2 super-blocks: partial tiles in the
+        work area, then ``sum_splits``) and to one. Equal but for the order of the sums, and the
+        split product against the reference."""
+        from lazyggml.backends.cuda import mmq
+        real, asked, outs = mmq.split_k, [], []
+        for forced in (3, 1):
+            monkeypatch.setattr(mmq, "split_k", lambda *a: asked.append(a) or forced)
+            got, ref, X, Wd, wb = mul_mat_on(lg, be, lg.Q4_K, 8, 1024, (1024, 9, 1, 1), np.random.default_rng(3))
+            outs.append(got)
+        assert asked == [(1, 4, 1)] * 2 and real(*asked[0]) == 2
+        assert nmse(outs[0], outs[1]) <= 1e-12
+        assert nmse(outs[0], ref) <= QUANT_NMSE
+        assert nmse(outs[0], q8_1_reference(Wd, X, mmq_q8_1_model, q4_K_mins(wb, 1024))) <= 1e-10
 
     @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q5_K", "Q6_K",
                                            "IQ4_NL", "IQ4_XS"])

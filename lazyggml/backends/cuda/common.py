@@ -438,6 +438,15 @@ def tensor_cores():
     return not SIM and cuda.get_current_device().compute_capability >= (8, 0)
 
 
+SIM_MULTIPROCESSORS = 1   # under the simulator: one, so that a test's one-tile product is "too small"
+
+
+def multiprocessors():
+    """How many multiprocessors (SMs) the current GPU has: what a kernel's grid must fill. A driver
+    query the first time; numba keeps the answer on its device object."""
+    return SIM_MULTIPROCESSORS if SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
 def cdiv(a, b):
     return -(-a // b)
 

@@ -1,9 +1,10 @@
 """mmq: quantized matrix times matrix through shared-memory tiles (GGML's ``mul_mat_q``, docs/quant-formats.md §6.4).
 
-Used for ``mul_mat(W, x)`` with W in Q4_K and x of more than 8 columns (prompt processing). GGML
-on Turing and newer feeds int8 tensor cores (``mma.sync``), which numba-cuda has no API for (the
-MMA variant below reaches them through inline PTX); the reference kernel is the **dp4a layout**,
-GGML's path for GPUs without int8 MMA, in our own arrangement.
+Used for ``mul_mat(W, x)`` with W in Q4_K and x of more than 8 columns (prompt processing, or a
+decode step of many sequences). GGML on Turing and newer feeds int8 tensor cores (``mma.sync``),
+which numba-cuda has no API for (the MMA variant below reaches them through inline PTX); the
+reference kernel is the **dp4a layout**, GGML's path for GPUs without int8 MMA, in our own
+arrangement.
 
 **Tiles.** A CUDA block of ``nwarps`` warps computes an ``I × J`` tile of the result: ``I`` rows of
 W (output features) by ``J`` columns of x (tokens). The K loop takes one Q4_K super-block
@@ -42,6 +43,18 @@ reads int ``g·36 + t``: bank ``4g + t``); both are multiples of 4 ints, so the 
 plus constants, which the compiler folds into the load instructions (common.py's index note).
 
 Unlike GGML's MMA kernel the factors ``d·sc`` stay in float32 (GGML rounds them to fp16).
+
+**Split-K.** The grid has a block per tile, ``cdiv(rows, 128) × cdiv(ncols, J)`` per channel:
+with few columns (a decode step of 32 sequences: one column tile) a 4096-row product is 32 blocks
+on an H100's 132 multiprocessors, each walking all of K, and took as long as one with 14336 rows.
+When the grid has at most half the blocks the GPU runs at once (``MMQ_MIN_BLOCKS`` per
+multiprocessor; ``split_k``), the K loop is cut into ``n_split`` ranges of super-blocks, as many
+as keep the grid within those blocks, each ``MMQ_SPLIT_MIN_KB`` super-blocks or more. Grid z
+numbers (channel, range) as ``i23·n_split + sp``; each block writes its partial tile, laid out as
+dst, to copy ``sp`` in a work area, and ``sum_splits`` then adds the copies in the order sp = 0,
+1, ...: the same result on every run (no atomics), which differs from the unsplit one only in the
+order of the float sums. A prompt's grid is full and is not split; with one range the kernels
+write dst directly.
 """
 from __future__ import annotations
 
@@ -51,8 +64,8 @@ from numba import cuda
 
 from ... import debug
 from . import common
-from .common import (F32_ZERO, Q8_1_MMQ_INTS, cdiv, device, dp4a, half2_float2, jit_kernel, load_int4,
-                     store_int4, tensor_cores)
+from .common import (F32_ZERO, Q8_1_MMQ_INTS, SIM, cdiv, device, dp4a, half2_float2, jit_kernel, load_int4,
+                     multiprocessors, store_int4, tensor_cores)
 from .quantize import mmq_kblocks
 
 MMQ_ITER_K = 256
@@ -60,6 +73,7 @@ MMQ_I = 128
 MMQ_NWARPS = 8
 MMQ_J = (8, 16, 32, 64)
 MMQ_MIN_BLOCKS = 2   # launch bounds: registers capped (128) so that two blocks share a multiprocessor
+MMQ_SPLIT_MIN_KB = 2   # super-blocks per split-K range at least: its fixed costs stay small beside its K loop
 
 M4 = np.int32(0x0F0F0F0F)
 M6 = np.int32(0x3F3F3F3F)
@@ -83,18 +97,21 @@ def _make_kernel(I, J, nwarps):
     @jit_kernel(launch_bounds=(nthreads, MMQ_MIN_BLOCKS))
     def mul_mat_q4_K(vx, vy, dst, blocks_per_row, nrows_x, stride_row_x, ncols_y,
                      stride_col_dst, channel_ratio, stride_channel_x, stride_channel_dst, sample_ratio,
-                     stride_sample_x, stride_sample_dst, kblocks, ne2):
+                     stride_sample_x, stride_sample_dst, kblocks, ne2, n_split, stride_split_dst):
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
         tid = 32 * ty + tx
         row0 = I * cuda.blockIdx.x
         col0 = J * cuda.blockIdx.y
-        i23 = cuda.blockIdx.z
+        i23 = cuda.blockIdx.z // n_split
+        sp = cuda.blockIdx.z - i23 * n_split     # split-K: this block's range of super-blocks
+        kb0 = sp * blocks_per_row // n_split
+        kb1 = (sp + 1) * blocks_per_row // n_split
         i2 = i23 % ne2
         i3 = i23 // ne2
         x0 = (i3 // sample_ratio) * stride_sample_x + (i2 // channel_ratio) * stride_channel_x
         y0 = i23 * kblocks * ncols_y              # first q8_1_mmq block of this channel
-        d0 = i3 * stride_sample_dst + i2 * stride_channel_dst
+        d0 = sp * stride_split_dst + i3 * stride_sample_dst + i2 * stride_channel_dst
 
         xs = cuda.shared.array(n_xs, numba.int32)
         xd = cuda.shared.array(n_xsc, numba.float32)      # d·sc_k, [k][row]
@@ -112,7 +129,7 @@ def _make_kernel(I, J, nwarps):
         xo = cuda.local.array(NXQ, numba.int64)
         yo = cuda.local.array(NYQ, numba.int64)
         xh, yh = tile_offsets(tid, x0, y0, row0, col0, nrows_x, stride_row_x, ncols_y, xo, yo)
-        for kb in range(blocks_per_row):
+        for kb in range(kb0, kb1):
             load_tiles(vx, vy, xs, xd, xm, ys, yd, ysum, tid, xo, yo, xh, yh, kb, ncols_y)
             cuda.syncthreads()
 
@@ -248,7 +265,7 @@ def _make_mma_kernel(J):
     @jit_kernel(launch_bounds=(32 * nwarps, MMQ_MIN_BLOCKS))
     def mul_mat_q4_K_mma(vx, vy, dst, blocks_per_row, nrows_x, stride_row_x, ncols_y,
                          stride_col_dst, channel_ratio, stride_channel_x, stride_channel_dst, sample_ratio,
-                         stride_sample_x, stride_sample_dst, kblocks, ne2):
+                         stride_sample_x, stride_sample_dst, kblocks, ne2, n_split, stride_split_dst):
         lane = cuda.threadIdx.x
         w = cuda.threadIdx.y
         tid = 32 * w + lane
@@ -256,12 +273,15 @@ def _make_mma_kernel(J):
         t = lane % 4
         row0 = I * cuda.blockIdx.x
         col0 = J * cuda.blockIdx.y
-        i23 = cuda.blockIdx.z
+        i23 = cuda.blockIdx.z // n_split
+        sp = cuda.blockIdx.z - i23 * n_split
+        kb0 = sp * blocks_per_row // n_split
+        kb1 = (sp + 1) * blocks_per_row // n_split
         i2 = i23 % ne2
         i3 = i23 // ne2
         x0 = (i3 // sample_ratio) * stride_sample_x + (i2 // channel_ratio) * stride_channel_x
         y0 = i23 * kblocks * ncols_y
-        d0 = i3 * stride_sample_dst + i2 * stride_channel_dst
+        d0 = sp * stride_split_dst + i3 * stride_sample_dst + i2 * stride_channel_dst
 
         xs = cuda.shared.array(n_xs, numba.int32)
         xd = cuda.shared.array(n_xsc, numba.float32)
@@ -283,7 +303,7 @@ def _make_mma_kernel(J):
         xo = cuda.local.array(NXQ, numba.int64)
         yo = cuda.local.array(NYQ, numba.int64)
         xh, yh = tile_offsets(tid, x0, y0, row0, col0, nrows_x, stride_row_x, ncols_y, xo, yo)
-        for kb in range(blocks_per_row):
+        for kb in range(kb0, kb1):
             load_tiles(vx, vy, xs, xd, xm, ys, yd, ysum, tid, xo, yo, xh, yh, kb, ncols_y)
             cuda.syncthreads()
             for k in range(8):
@@ -344,15 +364,44 @@ def get_kernel(J, mma):
     return k
 
 
-def launch_mmq(stream, vx, vy, dst, src0, dst_t):
+def split_k(nblocks, blocks_per_row, nsm):
+    """How many ranges of super-blocks the K loop is cut into (split-K, module docstring): enough
+    copies of a grid of ``nblocks`` to come near ``MMQ_MIN_BLOCKS`` blocks per multiprocessor
+    without passing it, each range ``MMQ_SPLIT_MIN_KB`` super-blocks or more; 1 for a grid that
+    already has half that many blocks (a prompt's)."""
+    return max(1, min(MMQ_MIN_BLOCKS * nsm // nblocks, blocks_per_row // MMQ_SPLIT_MIN_KB))
+
+
+SUM_THREADS = 32 if SIM else 256    # one warp under the simulator, where every thread costs a Python thread
+
+
+@jit_kernel()
+def sum_splits(part, dst, n, n_split):
+    """``dst[i] = Σ_sp part[sp·n + i]``, the splits added in order: the same sum on every run."""
+    i = cuda.blockIdx.x * SUM_THREADS + cuda.threadIdx.x
+    if i < n:
+        acc = part[i]
+        for sp in range(1, n_split):
+            acc += part[sp * n + i]
+        dst[i] = acc
+
+
+def launch_mmq(be, vx, vy, dst, src0, dst_t):
     """``dst_t = mul_mat(src0, src1)`` for Q4_K src0 (``vx``, as int32), src1 already in ``vy``
-    (DS4). The kernels read the ``half2`` block headers as int32s too (``half2_float2``)."""
+    (DS4), on ``be``'s stream; split-K partial tiles go to its "mmq_part" work area. The kernels read
+    the ``half2`` block headers as int32s too (``half2_float2``)."""
     ne00, ne01, ne02, ne03 = src0.ne
     ncols, ne2, ne3 = dst_t.ne[1], dst_t.ne[2], dst_t.ne[3]
     bs = src0.nb[0]
     J = pick_J(ncols)
+    blocks_per_row = ne00 // MMQ_ITER_K
     grid = (cdiv(ne01, MMQ_I), cdiv(ncols, J), ne2 * ne3)
-    get_kernel(J, use_mma())[grid, (32, MMQ_NWARPS), stream](
-        vx, vy, dst, ne00 // MMQ_ITER_K, ne01, src0.nb[1] // bs, ncols,
+    n_split = split_k(grid[0] * grid[1] * grid[2], blocks_per_row, multiprocessors())
+    n = ne01 * ncols * ne2 * ne3           # dst's elements: a split's partial result is laid out as dst
+    out = dst if n_split == 1 else be.scratch("mmq_part", 4 * n * n_split, np.float32)
+    get_kernel(J, use_mma())[grid[:2] + (grid[2] * n_split,), (32, MMQ_NWARPS), be.stream](
+        vx, vy, out, blocks_per_row, ne01, src0.nb[1] // bs, ncols,
         ne01, ne2 // ne02, src0.nb[2] // bs, ne01 * ncols, ne3 // ne03, src0.nb[3] // bs,
-        ne01 * ncols * ne2, mmq_kblocks(ne00), ne2)
+        ne01 * ncols * ne2, mmq_kblocks(ne00), ne2, n_split, n)
+    if n_split > 1:
+        sum_splits[cdiv(n, SUM_THREADS), SUM_THREADS, be.stream](out, dst, n, n_split)

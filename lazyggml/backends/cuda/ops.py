@@ -11,7 +11,8 @@ MUL_MAT picks its kernel as below: Q4_K as GGML's ``ggml_cuda_mul_mat`` does for
   (``mmvq.VEC_DOT``), at most 8 columns: quantize src1 to q8_1, then **mmvq**;
   the quantized src1 stays in the backend's work area, and the next product of the same src1
   (a layer's q, k and v; gate and up) uses it as is (``CUDABackend.q8_of`` says whose it is);
-* src0 Q4_K, more columns: quantize src1 to q8_1 in the DS4 mmq layout, then **mmq**;
+* src0 Q4_K, more columns: quantize src1 to q8_1 in the DS4 mmq layout, then **mmq** (K split
+  over more blocks when the tiles are too few to fill the GPU);
 * any other quantized src0 with more columns (or a view that mmvq cannot read, below): dequantize
   src0 to F16 scratch (F32 without tensor cores), then the float kernels (GGML's dequantize +
   cuBLAS path);
@@ -120,7 +121,7 @@ def mul_mat(be, node):
         if be.q8_of != ("mmq", b, n):
             launch_quantize_mmq_q8_1(s, y, vy, vy_h, b.ne, sb)
             be.q8_of = ("mmq", b, n)
-        launch_mmq(s, be.view(a, np.int32), vy, dst, a, node)
+        launch_mmq(be, be.view(a, np.int32), vy, dst, a, node)
     elif is_quantized(a.type):       # to F16 for the tensor cores where there are some, else F32
         dt = np.float16 if tensor_cores() and a.ne[0] % 8 == 0 else np.float32
         x = be.scratch("dequant", np.dtype(dt).itemsize * a.nelements(), dt)
