@@ -242,8 +242,9 @@ for k in kernels:
                                                ("F16", 1024, 4096), ("BF16", 1024, 4096)])
     @pytest.mark.parametrize("n", [1, 8, 32, 512])
     def test_gpu_mul_mat_real_shapes(cuda_backend, type_name, m, k, n):
-        """mmvq (n <= 8), mmq (split-K at n = 32) or dequantize+GEMM (n = 32, 512), float kernels:
-        against NumPy and, where the CPU backend computes MUL_MAT, against the CPU."""
+        """mmvq (n <= 8; n = 32 in groups of 8 columns), mmq (split-K at n = 32) or dequantize+GEMM
+        (n = 512), float kernels: against NumPy and, where the CPU backend computes MUL_MAT, against
+        the CPU."""
         import lazyggml as lg
         type_ = getattr(lg, type_name)
         got, ref, X, Wd, _ = mul_mat_on(lg, cuda_backend, type_, m, k, (k, n, 1, 1), np.random.default_rng(n))
@@ -704,15 +705,28 @@ if CHILD:
         assert nmse(outs[0], ref) <= QUANT_NMSE
         assert nmse(outs[0], q8_1_reference(Wd, X, mmq_q8_1_model, q4_K_mins(wb, 1024))) <= 1e-10
 
+    @pytest.mark.parametrize("type_name,n", [("Q6_K", 17), ("Q4_0", 9)])
+    def test_sim_mmvq_column_groups(be, rng, monkeypatch, type_name, n):
+        """9 to 64 columns of a 2-D product, weights without mmq: q8_1 once, then mmvq on groups of
+        8 columns, the last one narrower (17: 8, 8 and a 1-column kernel)."""
+        from lazyggml.backends.cuda import mmvq, ops
+        launched = []
+        monkeypatch.setattr(ops, "launch_mmvq", lambda *a: launched.append(a[-1]) or mmvq.launch_mmvq(*a))
+        got, ref, X, Wd, _ = mul_mat_on(lg, be, getattr(lg, type_name), 3, 256, (256, n, 1, 1), rng)
+        assert launched == [(c, min(c + 8, n)) for c in range(0, n, 8)]
+        assert nmse(got, ref) <= QUANT_NMSE
+        assert nmse(got, q8_1_reference(Wd, X, q8_1_model)) <= 1e-10
+
     @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q5_K", "Q6_K",
                                            "IQ4_NL", "IQ4_XS"])
     def test_sim_dequantize_then_gemm(be, rng, type_name):
-        """Types without mmq (more than 8 columns) or without mmvq (1 column): dequantized to F32
-        (the simulator has no tensor cores), then the float kernels; the values are the CPU's
-        dequantization, so only the float products' rounding remains."""
-        from lazyggml.backends.cuda.mmvq import VEC_DOT
+        """Types without mmq, past mmvq's column groups (65 columns), or without mmvq (1 column):
+        dequantized to F32 (the simulator has no tensor cores), then the float kernels; the values
+        are the CPU's dequantization, so only the float products' rounding remains."""
+        from lazyggml.backends.cuda.mmvq import MMVQ_GROUPED_MAX_COLS, VEC_DOT
         type_ = getattr(lg, type_name)
-        for n in (9,) if type_ in VEC_DOT else (9, 1):      # (mmvq: test_sim_mmvq)
+        n_many = MMVQ_GROUPED_MAX_COLS + 1
+        for n in (n_many,) if type_ in VEC_DOT else (9, 1):      # (mmvq: test_sim_mmvq*)
             got, ref, _, _, _ = mul_mat_on(lg, be, type_, 3, 256, (256, n, 1, 1), rng)
             assert nmse(got, ref) <= 1e-12, n
 

@@ -30,9 +30,9 @@ transposed views (the attention products read the KV cache through them) need no
   packed to ``half2``) in shared rows of 20 ints, a stride at which the fragment reads of a warp
   hit 32 different banks; the next k-step's loads are issued before this one's products.
 
-Quantized src0 without an mmq kernel goes through ``dequant.launch_dequantize`` into F16 first,
-then ``mul_mat_f_mma`` (F32 and ``mul_mat_f`` where there are no tensor cores): GGML's
-dequantize-then-cuBLAS path.
+Quantized src0 without an mmq kernel, past the columns mmvq takes (ops.py), goes through
+``dequant.launch_dequantize`` into F16 first, then ``mul_mat_f_mma`` (F32 and ``mul_mat_f`` where
+there are no tensor cores): GGML's dequantize-then-cuBLAS path.
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """mmvq: quantized matrix times a few vectors (GGML's ``mul_mat_vec_q``, docs/quant-formats.md §6.2-6.3).
 
 Used for ``mul_mat(W, x)`` with W in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-IQ4_NL or IQ4_XS and x of at most 8 columns (decoding).
+IQ4_NL or IQ4_XS and x of at most 8 columns (decoding); for the types without mmq (all but Q4_K),
+2-D products of up to ``MMVQ_GROUPED_MAX_COLS`` columns too, a launch per group of 8 columns
+(``launch_mmvq``'s ``cols``: a group's q8_1 blocks and results are runs of the views).
 x is first quantized to q8_1 (``quantize.py``); each output is then a sum of integer dot products
 of weight quants with activation quants, scaled per block.
 
@@ -60,6 +62,10 @@ from .common import (SIM, device, jit_kernel, F32_ZERO, MATRIX_ROW_PADDING, QK8_
                      load_int2, load_int4, round_up, warp_reduce_sum)
 
 MMVQ_MAX_BATCH_SIZE = 8
+# A 2-D product of up to this many columns runs mmvq on groups of 8 (ops.py), reading the weights
+# once per group: up to here those ncols/8 passes still cost less than dequantizing the weights to
+# F16 for a GEMM (GGML takes mmq here, which lazyggml has for Q4_K only)
+MMVQ_GROUPED_MAX_COLS = 64
 
 M4 = np.int32(0x0F0F0F0F)     # low nibble of each byte
 M2 = np.int32(0x03030303)     # low two bits of each byte
@@ -610,14 +616,19 @@ def get_kernel(type_, ncols, moe=False):
     return k
 
 
-def launch_mmvq(stream, type_, vx, vx_h, vy, vy_h, dst, src0, dst_t):
+def launch_mmvq(stream, type_, vx, vx_h, vy, vy_h, dst, src0, dst_t, cols=None):
     """``dst_t = mul_mat(src0, src1)`` with src1 already quantized to q8_1 in ``vy``/``vy_h``
-    (rows of ``round_up(ne10, 512)`` values, in the order channel, sample, column)."""
+    (rows of ``round_up(ne10, 512)`` values, in the order channel, sample, column); with ``cols``
+    = (c0, c1), only columns c0 .. c1-1 (at most 8) of a 2-D product."""
     qk = VEC_DOT[type_][1]
     ne00, ne01, ne02, ne03 = src0.ne
     ncols, ne2, ne3 = dst_t.ne[1], dst_t.ne[2], dst_t.ne[3]
     bs = src0.nb[0]                                   # bytes per block
     yrow = round_up(ne00, MATRIX_ROW_PADDING) // QK8_1   # q8_1 blocks per src1 column
+    if cols is not None:    # columns are consecutive runs of q8_1 blocks (the views' rows) and of dst
+        c0, c1 = cols
+        assert ne2 == ne3 == 1 and c1 - c0 <= MMVQ_MAX_BATCH_SIZE
+        vy, vy_h, dst, ncols = vy[c0 * yrow:c1 * yrow], vy_h[c0 * yrow:c1 * yrow], dst[c0 * ne01:c1 * ne01], c1 - c0
     grid = (cdiv(ne01, MMVQ_NWARPS * MMVQ_ROWS), ne2, ne3)
     get_kernel(type_, ncols)[grid, (32, MMVQ_NWARPS), stream](
         vx, vx_h, vy, vy_h, dst, ne00 // qk, ne01, src0.nb[1] // bs, yrow,

@@ -13,9 +13,13 @@ MUL_MAT picks its kernel as below: Q4_K as GGML's ``ggml_cuda_mul_mat`` does for
   (a layer's q, k and v; gate and up) uses it as is (``CUDABackend.q8_of`` says whose it is);
 * src0 Q4_K, more columns: quantize src1 to q8_1 in the DS4 mmq layout, then **mmq** (K split
   over more blocks when the tiles are too few to fill the GPU);
-* any other quantized src0 with more columns (or a view that mmvq cannot read, below): dequantize
-  src0 to F16 scratch (F32 without tensor cores), then the float kernels (GGML's dequantize +
-  cuBLAS path);
+* the other types of ``mmvq.VEC_DOT``, 9 to ``MMVQ_GROUPED_MAX_COLS`` (64) columns, a 2-D product:
+  quantize src1 to q8_1 once (shared as above), then **mmvq on groups of 8 columns**, the last
+  group narrower; each group reads the weights again, which up to 64 columns costs less than the
+  dequantization below (GGML takes its mmq here, which lazyggml has for Q4_K only);
+* any other quantized src0 with more columns, 3-D or 4-D products (or a view that mmvq cannot
+  read, below): dequantize src0 to F16 scratch (F32 without tensor cores), then the float kernels
+  (GGML's dequantize + cuBLAS path);
 * src0 F32/F16/BF16 (BF16 read through a uint16 view): the mat-vec kernels up to 8 columns, else
   the tensor-core ``mul_mat_f_mma`` for F16 and BF16 with packed rows (src1 rounded to the weights'
   type, as GGML's cuBLAS path does), the tiled ``mul_mat_f`` otherwise, for which a BF16 src0 is
@@ -61,7 +65,7 @@ from .elementwise import (BINARY_CODE, BLOCK, GLU_OPS, UNARY_CODE, UNARY_OPS, bi
                           unary)
 from .matmul import MMVF_MAX_COLS, launch_mul_mat_f, launch_mul_mat_vec_f_id, use_mma
 from .mmq import launch_mmq
-from .mmvq import ALIGN, MMVQ_MAX_BATCH_SIZE, VEC_DOT, launch_mmvq, launch_mmvq_id
+from .mmvq import ALIGN, MMVQ_GROUPED_MAX_COLS, MMVQ_MAX_BATCH_SIZE, VEC_DOT, launch_mmvq, launch_mmvq_id
 from .norm import launch_norm
 from .quantize import launch_quantize_mmq_q8_1, launch_quantize_q8_1, mmq_q8_1_bytes, q8_1_bytes
 from .rope import launch_rope
@@ -122,6 +126,11 @@ def mul_mat(be, node):
             launch_quantize_mmq_q8_1(s, y, vy, vy_h, b.ne, sb)
             be.q8_of = ("mmq", b, n)
         launch_mmq(be, be.view(a, np.int32), vy, dst, a, node)
+    elif ncols <= MMVQ_GROUPED_MAX_COLS and _mmvq_reads(a) and a.ne[2] == a.ne[3] == b.ne[2] == b.ne[3] == 1:
+        # mmvq on groups of 8 columns (a 2-D product: a group's q8_1 blocks and results are runs)
+        operands = _mmvq_operands(be, a, b)
+        for c0 in range(0, ncols, MMVQ_MAX_BATCH_SIZE):
+            launch_mmvq(s, a.type, *operands, dst, a, node, (c0, min(c0 + MMVQ_MAX_BATCH_SIZE, ncols)))
     elif is_quantized(a.type):       # to F16 for the tensor cores where there are some, else F32
         dt = np.float16 if tensor_cores() and a.ne[0] % 8 == 0 else np.float32
         x = be.scratch("dequant", np.dtype(dt).itemsize * a.nelements(), dt)
